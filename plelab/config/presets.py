@@ -1,0 +1,97 @@
+"""Named presets. Each is a function returning a fresh :class:`RunConfig`.
+
+- ``seed-3b``: the seeds' 3B model (H=2560, L=32, 20Q/4KV, head_dim 128, FFN 6912,
+  V=100,096, tied, no biases, 2 RMSNorms per layer + final). Reproduces the seed's
+  2,458,421,760 base parameters (``ple_reference.md`` §2.3).
+- ``gemma3n-e2b`` / ``gemma3n-e4b``: Gemma 3n's PLE dimensions (Vp=262,144, dP=256,
+  H=2048, L=30 / 35) on plelab's plain trunk. The PLE counts are Gemma 3n's exactly; the
+  trunk has no AltUp / LAuReL / KV sharing, so its count is not Gemma 3n's total.
+- ``cpu-tiny``: tests (seconds). ``cpu-small``: ~6.8M trunk params, the CPU demo scale.
+- ``gpu-125m``: a GPT-2-small-sized model for one GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from plelab.config.schema import DataConfig, ModelConfig, PLEConfig, RunConfig, TrainConfig
+from plelab.errors import ConfigError
+
+
+def seed_3b() -> RunConfig:
+    return RunConfig(
+        preset="seed-3b",
+        model=ModelConfig(vocab_size=100_096, hidden_size=2560, num_hidden_layers=32, num_attention_heads=20,
+                          num_key_value_heads=4, head_dim=128, intermediate_size=6912),
+        ple=PLEConfig(dim=256),
+        train=TrainConfig(seq_len=4096, batch_size=1, device="cuda"),
+    )
+
+
+def _gemma3n(name: str, layers: int, ffn: int) -> RunConfig:
+    return RunConfig(
+        preset=name,
+        model=ModelConfig(vocab_size=262_400, hidden_size=2048, num_hidden_layers=layers, num_attention_heads=8,
+                          num_key_value_heads=2, head_dim=256, intermediate_size=ffn),
+        ple=PLEConfig(dim=256, vocab_size=262_144),
+        train=TrainConfig(seq_len=4096, batch_size=1, device="cuda"),
+    )
+
+
+def gemma3n_e2b() -> RunConfig:
+    return _gemma3n("gemma3n-e2b", layers=30, ffn=2048 * 4)
+
+
+def gemma3n_e4b() -> RunConfig:
+    return _gemma3n("gemma3n-e4b", layers=35, ffn=2048 * 8)
+
+
+def cpu_tiny() -> RunConfig:
+    return RunConfig(
+        preset="cpu-tiny",
+        model=ModelConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=176),
+        ple=PLEConfig(dim=16),
+        train=TrainConfig(steps=60, batch_size=8, seq_len=64, lr=3e-3, warmup_steps=10, eval_every=20,
+                          eval_batches=4),
+    )
+
+
+def cpu_small() -> RunConfig:
+    return RunConfig(
+        preset="cpu-small",
+        model=ModelConfig(vocab_size=8192, hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=768),
+        ple=PLEConfig(dim=64),
+        train=TrainConfig(steps=600, batch_size=16, seq_len=128, lr=2e-3, warmup_steps=50, eval_every=100,
+                          eval_batches=16),
+    )
+
+
+def gpu_125m() -> RunConfig:
+    return RunConfig(
+        preset="gpu-125m",
+        model=ModelConfig(vocab_size=32_768, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                          num_key_value_heads=4, intermediate_size=3072),
+        ple=PLEConfig(dim=64),
+        train=TrainConfig(steps=5000, batch_size=32, seq_len=1024, lr=1e-3, warmup_steps=200, eval_every=250,
+                          eval_batches=32, device="cuda"),
+        data=DataConfig(),
+    )
+
+
+PRESETS: dict[str, Callable[[], RunConfig]] = {
+    "cpu-tiny": cpu_tiny,
+    "cpu-small": cpu_small,
+    "gpu-125m": gpu_125m,
+    "seed-3b": seed_3b,
+    "gemma3n-e2b": gemma3n_e2b,
+    "gemma3n-e4b": gemma3n_e4b,
+}
+
+
+def get_preset(name: str) -> RunConfig:
+    """A fresh copy of the named preset, or a one-line ConfigError listing the names."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]()

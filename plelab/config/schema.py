@@ -1,0 +1,193 @@
+"""Dataclass configs: model trunk, PLE, training, data — and the run config that holds them.
+
+Every field has a default and a one-line doc in ``FIELD_DOCS``-style comments; every
+section validates itself and raises :class:`~plelab.errors.ConfigError` with a one-line
+message naming the field and the allowed values. Configs are plain dataclasses so that
+they are importable without the CLI and serialise to JSON exactly (``to_dict``/``from_dict``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+from plelab.errors import ConfigError
+
+GateKind = Literal["gemma", "scalar", "vector", "none"]
+GATE_KINDS: tuple[str, ...] = ("gemma", "scalar", "vector", "none")
+
+
+def _require(cond: bool, key: str, value: object, allowed: str) -> None:
+    if not cond:
+        raise ConfigError(f"invalid config value {key}={value!r}: allowed {allowed}")
+
+
+@dataclass
+class ModelConfig:
+    """The decoder-only trunk (Llama-style block: RMSNorm, RoPE, GQA, SwiGLU).
+
+    Names follow HF (``hidden_size``, ``num_hidden_layers``, ...). ``head_dim`` of ``None``
+    means ``hidden_size // num_attention_heads``.
+    """
+
+    vocab_size: int = 512
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int | None = None
+    intermediate_size: int = 176
+    rope_theta: float = 10_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    # Gemma convention: the main embedding is multiplied by sqrt(hidden_size) before layer 0.
+    scale_embeddings: bool = True
+    # HF `_init_weights`: normal(0, initializer_range) for Linear/Embedding, ones for norms.
+    initializer_range: float = 0.02
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    def validate(self) -> None:
+        _require(self.vocab_size >= 2, "model.vocab_size", self.vocab_size, "an integer >= 2")
+        _require(self.hidden_size >= 1, "model.hidden_size", self.hidden_size, "an integer >= 1")
+        _require(self.num_hidden_layers >= 1, "model.num_hidden_layers", self.num_hidden_layers, "an integer >= 1")
+        _require(self.num_attention_heads >= 1, "model.num_attention_heads", self.num_attention_heads,
+                 "an integer >= 1")
+        _require(self.hidden_size % self.num_attention_heads == 0, "model.num_attention_heads",
+                 self.num_attention_heads, f"a divisor of model.hidden_size={self.hidden_size}")
+        _require(self.num_key_value_heads >= 1
+                 and self.num_attention_heads % self.num_key_value_heads == 0,
+                 "model.num_key_value_heads", self.num_key_value_heads,
+                 f"a divisor of model.num_attention_heads={self.num_attention_heads}")
+        hd = self.resolved_head_dim
+        _require(hd >= 2 and hd % 2 == 0, "model.head_dim", self.head_dim, "an even integer >= 2 (RoPE rotates pairs)")
+        _require(self.intermediate_size >= 1, "model.intermediate_size", self.intermediate_size, "an integer >= 1")
+        _require(self.rope_theta > 0, "model.rope_theta", self.rope_theta, "a number > 0")
+        _require(self.rms_norm_eps > 0, "model.rms_norm_eps", self.rms_norm_eps, "a number > 0")
+        _require(self.initializer_range > 0, "model.initializer_range", self.initializer_range, "a number > 0")
+
+
+@dataclass
+class PLEConfig:
+    """Per-Layer Embeddings, Gemma 3n / Gemma 4 layout (``ple_reference.md`` §1.2–1.4).
+
+    ``dim`` is dP (HF: ``hidden_size_per_layer_input``); 0 switches PLE off and gives
+    exactly the baseline trunk. ``vocab_size`` is Vp (HF: ``vocab_size_per_layer_input``);
+    ``None`` means the main vocabulary size. Token ids >= Vp look up row 0, as Gemma 3n does.
+    """
+
+    dim: int = 0
+    vocab_size: int | None = None
+    # gemma: RMSNorm_H(W_p(gelu_tanh(W_g h) * p_l)); scalar/vector: g_l * W_p p_l (the seed's
+    # form, learned scalar or H-vector g_l); none: W_p p_l.
+    gate: GateKind = "gemma"
+    # Initial value of the learned gate g_l (scalar/vector gates only).
+    gate_init: float = 1.0
+    # Std of the per-layer table's init; None means model.initializer_range.
+    table_init_std: float | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.dim > 0
+
+    def resolved_vocab_size(self, model: ModelConfig) -> int:
+        return self.vocab_size if self.vocab_size is not None else model.vocab_size
+
+    def validate(self, model: ModelConfig) -> None:
+        _require(self.dim >= 0, "ple.dim", self.dim, "an integer >= 0 (0 = PLE off)")
+        _require(self.vocab_size is None or self.vocab_size >= 2, "ple.vocab_size", self.vocab_size,
+                 "an integer >= 2, or none for model.vocab_size")
+        _require(self.gate in GATE_KINDS, "ple.gate", self.gate, " | ".join(GATE_KINDS))
+        _require(self.table_init_std is None or self.table_init_std > 0, "ple.table_init_std",
+                 self.table_init_std, "a number > 0, or none for model.initializer_range")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and loop settings."""
+
+    steps: int = 200
+    batch_size: int = 8
+    seq_len: int = 64
+    lr: float = 3e-3
+    # Learning rate and weight decay of the per-layer table's own parameter group.
+    # None for table_lr means the same as lr; embedding tables get no weight decay by default.
+    table_lr: float | None = None
+    weight_decay: float = 0.1
+    table_weight_decay: float = 0.0
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    eval_batches: int = 8
+    device: str = "auto"
+    # CPU threads for torch; 0 means all cores of this machine.
+    threads: int = 0
+
+    def validate(self) -> None:
+        _require(self.steps >= 1, "train.steps", self.steps, "an integer >= 1")
+        _require(self.batch_size >= 1, "train.batch_size", self.batch_size, "an integer >= 1")
+        _require(self.seq_len >= 2, "train.seq_len", self.seq_len, "an integer >= 2")
+        _require(self.lr > 0, "train.lr", self.lr, "a number > 0")
+        _require(self.table_lr is None or self.table_lr >= 0, "train.table_lr", self.table_lr,
+                 "a number >= 0, or none for train.lr")
+        _require(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "a number >= 0")
+        _require(self.table_weight_decay >= 0, "train.table_weight_decay", self.table_weight_decay, "a number >= 0")
+        _require(self.warmup_steps >= 0, "train.warmup_steps", self.warmup_steps, "an integer >= 0")
+        _require(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio", self.min_lr_ratio, "a number in [0, 1]")
+        _require(self.grad_clip >= 0, "train.grad_clip", self.grad_clip, "a number >= 0 (0 = off)")
+        _require(self.eval_every >= 1, "train.eval_every", self.eval_every, "an integer >= 1")
+        _require(self.eval_batches >= 1, "train.eval_batches", self.eval_batches, "an integer >= 1")
+        _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "train.device",
+                 self.device, "auto | cpu | cuda | cuda:N")
+        _require(self.threads >= 0, "train.threads", self.threads, "an integer >= 0 (0 = all cores)")
+
+
+@dataclass
+class DataConfig:
+    """Where the training text comes from."""
+
+    # None means the embedded default corpus (the interpreter's own documentation).
+    path: str | None = None
+    text_field: str = "text"
+    val_fraction: float = 0.05
+
+    def validate(self) -> None:
+        _require(0 < self.val_fraction < 1, "data.val_fraction", self.val_fraction, "a number in (0, 1)")
+        _require(bool(self.text_field), "data.text_field", self.text_field, "a non-empty field name")
+
+
+SECTIONS: tuple[str, ...] = ("model", "ple", "train", "data")
+
+
+@dataclass
+class RunConfig:
+    """Everything one run needs. Saved as ``RUN/config.json`` with every run."""
+
+    preset: str = "cpu-tiny"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    ple: PLEConfig = field(default_factory=PLEConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def validate(self) -> RunConfig:
+        _require(self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        self.model.validate()
+        self.ple.validate(self.model)
+        self.train.validate()
+        self.data.validate()
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunConfig:
+        """Build from a dict such as a saved ``config.json``; unknown keys and wrong types are errors."""
+        from plelab.config.overrides import config_from_dict
+
+        return config_from_dict(d)

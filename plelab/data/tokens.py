@@ -1,0 +1,125 @@
+"""Token streams: deduplicated document split, one-time tokenisation, batches, validation windows.
+
+- Split: exact-duplicate documents are removed first; then each document goes to validation
+  iff ``sha256(text)`` falls below ``val_fraction`` — drawn across the whole corpus, not a
+  tail cut, so validation is in-distribution and stable when documents are added.
+- Streams: documents are tokenised once, joined with EOS, cached as ``.npy`` and memory-mapped.
+- Batches: batch ``k`` of a run is drawn from a generator seeded by ``(seed, k)``, so every
+  dP arm of a paired study sees the same data order, and a run can resume at any step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from plelab.data.corpus import Corpus
+from plelab.data.tokenizer import EOS
+from plelab.errors import PlelabError
+from plelab.io import atomic_write, cache_dir
+from plelab.model.init import param_seed
+
+
+def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str], list[str], int]:
+    """Return ``(train_docs, val_docs, n_duplicates_removed)``, deterministic in the text alone."""
+    seen: set[str] = set()
+    train, val = [], []
+    for doc in documents:
+        if doc in seen:
+            continue
+        seen.add(doc)
+        u = int.from_bytes(hashlib.sha256(doc.encode("utf-8")).digest()[:8], "little") / 2**64
+        (val if u < val_fraction else train).append(doc)
+    if not train or not val:
+        raise PlelabError(f"cannot split {len(seen)} distinct documents into train and validation at "
+                          f"data.val_fraction={val_fraction}; supply more text or change the fraction")
+    return train, val, len(documents) - len(seen)
+
+
+@dataclass
+class TokenData:
+    """Train and validation token streams (uint32, possibly memory-mapped)."""
+
+    train: np.ndarray
+    val: np.ndarray
+    corpus_fingerprint: str
+    n_train_docs: int
+    n_val_docs: int
+    n_duplicates: int
+
+    def unigram_entropy(self, vocab_size: int) -> float:
+        """Entropy (nats) of the validation split's unigram distribution: a model that ignores
+        context cannot beat it on that split."""
+        counts = np.bincount(np.asarray(self.val), minlength=vocab_size).astype(np.float64)
+        p = counts[counts > 0] / counts.sum()
+        return float(-(p * np.log(p)).sum())
+
+
+def _encode(tok: Tokenizer, docs: list[str]) -> np.ndarray:
+    eos = tok.token_to_id(EOS)
+    if eos is None:
+        raise PlelabError(f"tokenizer has no {EOS} token; train one with plelab or add it")
+    out: list[int] = []
+    for enc in tok.encode_batch(docs):
+        out += enc.ids
+        out.append(eos)
+    return np.asarray(out, dtype=np.uint32)
+
+
+def _save_npy(path, array: np.ndarray) -> None:
+    with open(path, "wb") as f:
+        np.save(f, array)
+
+
+def prepare_tokens(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> TokenData:
+    """Split, tokenise once (cached by corpus, tokenizer and fraction) and memory-map the streams."""
+    train_docs, val_docs, dups = split_documents(corpus.documents, val_fraction)
+    tok_hash = hashlib.sha256(tok.to_str().encode()).hexdigest()[:12]
+    folder = cache_dir("tokens", f"{corpus.fingerprint[:16]}-{tok_hash}-val{val_fraction:g}")
+    arrays = {}
+    for split, docs in (("train", train_docs), ("val", val_docs)):
+        path = folder / f"{split}.npy"
+        if not path.exists():
+            ids = _encode(tok, docs)
+            atomic_write(path, lambda p, ids=ids: _save_npy(p, ids))
+        arrays[split] = np.load(path, mmap_mode="r")
+    return TokenData(arrays["train"], arrays["val"], corpus.fingerprint, len(train_docs), len(val_docs), dups)
+
+
+def train_batch(stream: np.ndarray, batch_size: int, seq_len: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch ``step`` of a run: ``batch_size`` random windows of ``seq_len + 1`` tokens.
+
+    Returns ``(inputs, targets)``, both ``[B, T]`` int64. Deterministic in ``(seed, step)``.
+    """
+    n = len(stream) - seq_len - 1
+    if n < 1:
+        raise PlelabError(f"the training split has {len(stream)} tokens, fewer than train.seq_len+1={seq_len + 1}; "
+                          "supply more text or lower train.seq_len")
+    gen = torch.Generator().manual_seed(param_seed(seed, f"batch:{step}"))
+    starts = torch.randint(0, n + 1, (batch_size,), generator=gen).tolist()
+    rows = np.stack([np.asarray(stream[s:s + seq_len + 1], dtype=np.int64) for s in starts])
+    t = torch.from_numpy(rows)
+    return t[:, :-1], t[:, 1:]
+
+
+def val_windows(stream: np.ndarray, seq_len: int, max_windows: int) -> torch.Tensor:
+    """Up to ``max_windows`` non-overlapping windows of ``seq_len + 1``, spread evenly over the
+    validation stream. Shape ``[N, T+1]``; the same for every run on the same data."""
+    total = (len(stream) - 1) // seq_len
+    if total < 1:
+        raise PlelabError(f"the validation split has {len(stream)} tokens, fewer than train.seq_len+1={seq_len + 1}; "
+                          "raise data.val_fraction or lower train.seq_len")
+    idx = np.unique(np.linspace(0, total - 1, num=min(max_windows, total)).round().astype(np.int64))
+    rows = np.stack([np.asarray(stream[i * seq_len:i * seq_len + seq_len + 1], dtype=np.int64) for i in idx])
+    return torch.from_numpy(rows)
+
+
+def epochs_seen(tokens_seen: int, train_tokens: int) -> float:
+    return tokens_seen / max(1, train_tokens)
+
+
+__all__ = ["TokenData", "epochs_seen", "prepare_tokens", "split_documents", "train_batch", "val_windows"]

@@ -1,0 +1,79 @@
+"""Meta-device construction and the one place where parameters get their values.
+
+Every parameter is drawn from its own ``torch.Generator`` seeded by ``(run seed,
+parameter name)``. The trunk's initial weights are therefore bit-identical across dP
+values and gate variants for the same seed: the sweeps compare runs in pairs, and the
+diagnostics measure change since initialisation.
+
+Init convention (HF ``PreTrainedModel._init_weights``): Linear and Embedding weights
+normal(0, ``initializer_range``), RMSNorm weights 1. The per-layer table uses
+``ple.table_init_std`` when set. Learned scalar/vector gates start at ``ple.gate_init``.
+Unlike HF Gemma, no table row is a padding row: every row is trainable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+
+from plelab.config.schema import ModelConfig, PLEConfig
+from plelab.model.layers import RMSNorm
+from plelab.model.transformer import PLECausalLM
+
+
+def param_seed(seed: int, name: str) -> int:
+    """A stable 63-bit seed for one parameter (independent of Python's hash randomisation)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def init_spec(model: PLECausalLM) -> dict[str, tuple[str, float]]:
+    """Map every parameter name to ``(kind, value)``: ``("normal", std)``, ``("ones", 1)`` or ``("const", v)``."""
+    mc, pc = model.mc, model.pc
+    table_std = pc.table_init_std if pc.table_init_std is not None else mc.initializer_range
+    spec: dict[str, tuple[str, float]] = {}
+    for mod_name, module in model.named_modules():
+        for p_name, _ in module.named_parameters(recurse=False):
+            full = f"{mod_name}.{p_name}" if mod_name else p_name
+            if isinstance(module, RMSNorm):
+                spec[full] = ("ones", 1.0)
+            elif p_name == "per_layer_gate":
+                spec[full] = ("const", pc.gate_init)
+            elif mod_name.endswith("embed_tokens_per_layer"):
+                spec[full] = ("normal", table_std)
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
+                spec[full] = ("normal", mc.initializer_range)
+            else:
+                raise AssertionError(f"no init rule for parameter {full}")
+    return spec
+
+
+@torch.no_grad()
+def init_weights(model: PLECausalLM, seed: int) -> PLECausalLM:
+    """Fill every parameter in place from its own seeded generator (values drawn on CPU in fp32)."""
+    spec = init_spec(model)
+    for name, param in model.named_parameters():
+        kind, value = spec[name]
+        if kind == "normal":
+            gen = torch.Generator(device="cpu").manual_seed(param_seed(seed, name))
+            cpu = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, value, generator=gen)
+            param.copy_(cpu)
+        else:
+            param.fill_(value)
+    return model
+
+
+def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | torch.device = "cpu",
+                dtype: torch.dtype = torch.float32) -> PLECausalLM:
+    """Construct on the meta device (instant at any size), then materialise on ``device`` and init.
+
+    ``device="meta"`` returns the uninitialised skeleton, for parameter accounting.
+    """
+    with torch.device("meta"):
+        model = PLECausalLM(mc, pc)
+    if str(device) == "meta":
+        return model
+    model = model.to_empty(device=device).to(dtype)
+    return init_weights(model, seed)

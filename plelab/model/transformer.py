@@ -1,0 +1,155 @@
+"""The PLE transformer: a decoder-only trunk with optional Per-Layer Embeddings.
+
+Equations (``ple_reference.md`` §1.2 and §1.4; Gemma 4 ``Gemma4TextModel`` plain form):
+
+    e      = sqrt(H) · E[x]                                        # embed_tokens          [B,T,H]
+    z      = sqrt(dP) · T[x if x < Vp else 0]  → [B,T,L,dP]         # embed_tokens_per_layer
+    c      = RMSNorm_dP((W_m e) · H^-½ → [B,T,L,dP]; g_m)           # per_layer_model_projection, _norm
+    P      = (c + z) · 2^-½                                        # per-layer inputs      [B,T,L,dP]
+    layer l:
+    h      = h + Attn(RMSNorm(h));  h = h + SwiGLU(RMSNorm(h))
+    h      = h + RMSNorm_H(W_p^l (gelu_tanh(W_g^l h) ⊙ P[:,:,l]); γ_l)   # gate = "gemma"
+    logits = RMSNorm(h) Eᵀ                                         # tied (or lm_head)
+
+Tensor names are HF's: ``model.embed_tokens``, ``model.embed_tokens_per_layer``,
+``model.per_layer_model_projection``, ``model.per_layer_projection_norm``,
+``model.layers.{l}.per_layer_input_gate``, ``.per_layer_projection``,
+``.post_per_layer_input_norm``, ``model.norm``. With ``dP = 0`` none of the PLE tensors
+exist and the model is exactly the baseline trunk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plelab.config.schema import ModelConfig, PLEConfig
+from plelab.model.layers import Attention, RMSNorm, SwiGLU, rotary_cos_sin
+
+
+class DecoderLayer(nn.Module):
+    """One block: attention, SwiGLU, then the PLE injection as a third residual update."""
+
+    def __init__(self, mc: ModelConfig, pc: PLEConfig) -> None:
+        super().__init__()
+        H = mc.hidden_size
+        self.input_layernorm = RMSNorm(H, mc.rms_norm_eps)
+        self.self_attn = Attention(H, mc.num_attention_heads, mc.num_key_value_heads, mc.resolved_head_dim)
+        self.post_attention_layernorm = RMSNorm(H, mc.rms_norm_eps)
+        self.mlp = SwiGLU(H, mc.intermediate_size)
+        self.gate_kind = pc.gate if pc.enabled else None
+        if pc.enabled:
+            dP = pc.dim
+            self.per_layer_projection = nn.Linear(dP, H, bias=False)
+            if pc.gate == "gemma":
+                self.per_layer_input_gate = nn.Linear(H, dP, bias=False)
+                self.post_per_layer_input_norm = RMSNorm(H, mc.rms_norm_eps)
+            elif pc.gate in ("scalar", "vector"):
+                self.per_layer_gate = nn.Parameter(torch.empty(1 if pc.gate == "scalar" else H))
+
+    def ple_branch(self, h: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """The PLE update added to the residual stream. ``h [B,T,H]``, ``p [B,T,dP]`` -> ``[B,T,H]``.
+
+        gemma: ``RMSNorm_H(W_p (gelu_tanh(W_g h) ⊙ p))``; scalar/vector: ``g ⊙ W_p p``;
+        none: ``W_p p`` (the seed's ``h_l + gate_l · proj_l(PLE_l[token])``).
+        """
+        if self.gate_kind == "gemma":
+            u = F.gelu(self.per_layer_input_gate(h), approximate="tanh") * p
+            return self.post_per_layer_input_norm(self.per_layer_projection(u))
+        out = self.per_layer_projection(p)
+        if self.gate_kind in ("scalar", "vector"):
+            out = out * self.per_layer_gate
+        return out
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                per_layer_input: torch.Tensor | None = None) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        if per_layer_input is not None:
+            h = h + self.ple_branch(h, per_layer_input)
+        return h
+
+
+class PLETextModel(nn.Module):
+    """Embeddings, the model-level PLE pipeline and the layer stack (HF ``model.*`` names)."""
+
+    def __init__(self, mc: ModelConfig, pc: PLEConfig) -> None:
+        super().__init__()
+        self.mc, self.pc = mc, pc
+        H, L = mc.hidden_size, mc.num_hidden_layers
+        self.embed_tokens = nn.Embedding(mc.vocab_size, H)
+        if pc.enabled:
+            self.ple_vocab_size = pc.resolved_vocab_size(mc)
+            self.embed_tokens_per_layer = nn.Embedding(self.ple_vocab_size, L * pc.dim)
+            self.per_layer_model_projection = nn.Linear(H, L * pc.dim, bias=False)
+            self.per_layer_projection_norm = RMSNorm(pc.dim, mc.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(mc, pc) for _ in range(L))
+        self.norm = RMSNorm(H, mc.rms_norm_eps)
+        # Python-float scales (HF keeps them as non-persistent buffers; same values in fp32).
+        self.embed_scale = math.sqrt(H) if mc.scale_embeddings else 1.0
+        self.ple_embed_scale = math.sqrt(pc.dim)
+        self.per_layer_projection_scale = H ** -0.5
+        self.per_layer_input_scale = 2.0 ** -0.5
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``e = sqrt(H)·E[x]``: ``[B,T]`` -> ``[B,T,H]``."""
+        return self.embed_tokens(input_ids) * self.embed_scale
+
+    def per_layer_token_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token-identity part ``z = sqrt(dP)·T[x̃]``, ids >= Vp mapped to 0: ``[B,T]`` -> ``[B,T,L,dP]``."""
+        ids = torch.where(input_ids < self.ple_vocab_size, input_ids, torch.zeros_like(input_ids))
+        z = self.embed_tokens_per_layer(ids) * self.ple_embed_scale
+        return z.view(*input_ids.shape, self.mc.num_hidden_layers, self.pc.dim)
+
+    def per_layer_inputs(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor,
+                         token_part: torch.Tensor | None = None) -> torch.Tensor:
+        """``P = (RMSNorm_dP(W_m e · H^-½) + z) · 2^-½``: ``[B,T,H]`` -> ``[B,T,L,dP]``.
+
+        ``token_part`` replaces the table lookup ``z`` when given (e.g. a visual table).
+        """
+        c = self.per_layer_model_projection(inputs_embeds) * self.per_layer_projection_scale
+        c = self.per_layer_projection_norm(c.view(*inputs_embeds.shape[:-1], self.mc.num_hidden_layers, self.pc.dim))
+        z = self.per_layer_token_embeddings(input_ids) if token_part is None else token_part
+        return (c + z) * self.per_layer_input_scale
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids [B,T]`` -> final normed hidden states ``[B,T,H]``."""
+        h = self.embed(input_ids)
+        P = self.per_layer_inputs(input_ids, h) if self.pc.enabled else None
+        cos, sin = rotary_cos_sin(input_ids.shape[1], self.mc.resolved_head_dim, self.mc.rope_theta,
+                                  h.device, h.dtype)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, P[:, :, i] if P is not None else None)
+        return self.norm(h)
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+
+
+class PLECausalLM(nn.Module):
+    """Decoder-only LM with optional PLE. Build it with :func:`plelab.model.build_model`."""
+
+    def __init__(self, mc: ModelConfig, pc: PLEConfig) -> None:
+        super().__init__()
+        self.mc, self.pc = mc, pc
+        self.model = PLETextModel(mc, pc)
+        if not mc.tie_word_embeddings:
+            self.lm_head = nn.Linear(mc.hidden_size, mc.vocab_size, bias=False)
+
+    def output_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.mc.tie_word_embeddings else self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
+        """``input_ids [B,T]`` -> logits ``[B,T,V]``; with ``labels [B,T]`` (-100 = ignore) also the mean CE."""
+        logits = F.linear(self.model(input_ids), self.output_weight())
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        return CausalLMOutput(logits=logits, loss=loss)

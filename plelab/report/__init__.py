@@ -1,0 +1,1 @@
+"""Human-readable output: tables for the terminal, reports for runs and sweeps."""

@@ -1,0 +1,49 @@
+"""Plain-text tables (aligned columns, right-justified numbers) for terminal output and logs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from plelab.model.accounting import Accounting
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None) -> str:
+    """Render rows as an aligned text table; numbers right-aligned, text left-aligned."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+
+    def is_num(s: str) -> bool:
+        return s.replace(",", "").replace(".", "").replace("%", "").replace("+", "").replace("-", "").isdigit()
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(s.rjust(w) if is_num(s) else s.ljust(w) for s, w in zip(row, widths)).rstrip()
+
+    out = [title] if title else []
+    out += [line(list(headers)), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+def accounting_tables(preset: str, rows: list[Accounting], shape: str) -> str:
+    """The seed's dP table, the PLE breakdown and the compute view, as exact integers."""
+    base = rows[0].base
+    t1 = format_table(
+        ["dP", "added params", "% of base", "total params"],
+        [[a.dim, f"{a.added:,}" if a.dim else "—", f"{a.added_pct:.2f}%" if a.dim else "—", f"{a.total:,}"]
+         for a in rows],
+        title=f"PLE parameter accounting — preset {preset} ({shape}); base (dP=0) = {base:,}",
+    )
+    t2 = format_table(
+        ["dP", "table Vp·L·dP", "model-level proj+norm", "per-layer gate+proj+norm", "added"],
+        [[a.dim, f"{a.groups['ple_table']:,}", f"{a.groups['ple_model_projection']:,}",
+          f"{a.groups['ple_per_layer']:,}", f"{a.added:,}"] for a in rows if a.dim],
+        title="PLE breakdown",
+    )
+    t3 = format_table(
+        ["dP", "matmul params", "lookup params", f"train FLOPs/token (T={rows[0].seq_len})", "vs dP=0"],
+        [[a.dim, f"{a.matmul:,}", f"{a.groups['embed_tokens'] + a.groups['ple_table']:,}",
+          f"{a.flops_per_token:,}", f"{100.0 * (a.flops_per_token / rows[0].flops_per_token - 1):+.2f}%"]
+         for a in rows],
+        title="Compute (lookups excluded from FLOPs; the tied LM head counts as a matmul)",
+    )
+    return "\n\n".join(t for t in (t1, t2 if any(a.dim for a in rows) else "", t3) if t)

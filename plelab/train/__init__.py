@@ -1,0 +1,1 @@
+"""Optimizer groups, LR schedule and the training loop."""

@@ -1,0 +1,58 @@
+"""AdamW with explicit parameter groups built from the accounting groups, and the LR schedule.
+
+Groups (they partition the model's parameters; asserted):
+
+- ``decay``: matmul weights (attention, MLP, untied LM head, PLE projections and gates);
+  weight decay ``train.weight_decay``.
+- ``no_decay``: RMSNorm weights, learned scalar/vector gates, and the main token embedding
+  (an embedding table: no decay, as for the PLE table).
+- ``ple_table``: ``embed_tokens_per_layer`` alone, with ``train.table_lr`` and
+  ``train.table_weight_decay`` (default 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from plelab.config.schema import TrainConfig
+from plelab.model.accounting import param_groups
+
+
+def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:
+    groups = {"decay": [], "no_decay": [], "ple_table": []}
+    for acc_group, members in param_groups(model).items():
+        for name, p in members:
+            if acc_group == "ple_table":
+                groups["ple_table"].append(p)
+            elif p.ndim < 2 or acc_group == "embed_tokens":
+                groups["no_decay"].append(p)
+            else:
+                groups["decay"].append(p)
+    n = sum(len(v) for v in groups.values())
+    assert n == len(list(model.parameters())), "optimizer groups do not cover the model"
+    table_lr = tc.lr if tc.table_lr is None else tc.table_lr
+    spec = {"decay": (tc.lr, tc.weight_decay), "no_decay": (tc.lr, 0.0), "ple_table": (table_lr, tc.table_weight_decay)}
+    return [{"name": k, "params": v, "lr": spec[k][0], "base_lr": spec[k][0], "weight_decay": spec[k][1]}
+            for k, v in groups.items() if v]
+
+
+def build_optimizer(model: nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
+    # foreach=False keeps CPU results bit-identical across runs and group layouts.
+    return torch.optim.AdamW(optimizer_groups(model, tc), betas=(0.9, 0.95), eps=1e-8, foreach=False)
+
+
+def lr_multiplier(step: int, tc: TrainConfig) -> float:
+    """Linear warmup over ``warmup_steps``, then cosine decay to ``min_lr_ratio`` at ``steps``."""
+    if tc.warmup_steps and step < tc.warmup_steps:
+        return (step + 1) / tc.warmup_steps
+    progress = (step - tc.warmup_steps) / max(1, tc.steps - tc.warmup_steps)
+    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return tc.min_lr_ratio + (1 - tc.min_lr_ratio) * cos
+
+
+def set_lr(opt: torch.optim.Optimizer, mult: float) -> None:
+    for g in opt.param_groups:
+        g["lr"] = g["base_lr"] * mult
