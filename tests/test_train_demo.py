@@ -1,0 +1,82 @@
+import json
+
+import numpy as np
+import pytest
+
+from plelab.cli import main
+from plelab.config import resolve_config
+from plelab.data import split_documents, train_batch, val_windows
+from plelab.train.loop import train
+from plelab.train.optim import lr_multiplier, optimizer_groups
+
+
+def test_split_is_deduplicated_deterministic_and_spread():
+    docs = [f"document number {i} " * 5 for i in range(400)] + ["document number 3 " * 5]
+    train_docs, val_docs, dups = split_documents(docs, 0.1)
+    assert dups == 1 and len(train_docs) + len(val_docs) == 400
+    assert 20 <= len(val_docs) <= 60
+    assert split_documents(list(reversed(docs)), 0.1)[1] == list(reversed(val_docs))
+    positions = sorted(docs.index(d) for d in val_docs)
+    assert positions[0] < 100 and positions[-1] > 300  # drawn across the corpus, not a tail cut
+
+
+def test_batches_are_a_function_of_seed_and_step(tiny_data):
+    a = train_batch(tiny_data.train, 4, 32, seed=5, step=10)
+    b = train_batch(tiny_data.train, 4, 32, seed=5, step=10)
+    c = train_batch(tiny_data.train, 4, 32, seed=5, step=11)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not np.array_equal(a[0], c[0])
+    assert np.array_equal(a[0][:, 1:], a[1][:, :-1])
+    w = val_windows(tiny_data.val, 32, 10)
+    assert w.shape == (10, 33)
+
+
+def test_optimizer_groups_partition_and_table_settings(tiny_cfg):
+    from plelab.model import build_model
+
+    tiny_cfg.train.table_lr = 0.01
+    model = build_model(tiny_cfg.model, tiny_cfg.ple, device="meta")
+    groups = {g["name"]: g for g in optimizer_groups(model, tiny_cfg.train)}
+    assert set(groups) == {"decay", "no_decay", "ple_table"}
+    assert groups["ple_table"]["params"] == [model.model.embed_tokens_per_layer.weight]
+    assert groups["ple_table"]["lr"] == 0.01 and groups["ple_table"]["weight_decay"] == 0.0
+    assert sum(len(g["params"]) for g in groups.values()) == len(list(model.parameters()))
+    assert lr_multiplier(0, tiny_cfg.train) == pytest.approx(1 / tiny_cfg.train.warmup_steps)
+    assert lr_multiplier(tiny_cfg.train.steps, tiny_cfg.train) == pytest.approx(tiny_cfg.train.min_lr_ratio)
+
+
+def test_training_is_deterministic_and_learns(tiny_data, tmp_path):
+    cfg = resolve_config("cpu-tiny", steps=40)
+    a = train(cfg, tiny_data, out_dir=tmp_path / "a", progress=False)
+    b = train(cfg, tiny_data, progress=False)
+    assert a.train_losses == b.train_losses
+    assert a.final_val_loss < a.val_history[0][1] < 6.3
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["corpus_fingerprint"] == tiny_data.corpus_fingerprint and summary["seed"] == 0
+    assert summary["config"]["ple"]["dim"] == 16 and "torch" in summary["versions"]
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 40 and rows[-1]["val_loss"] == pytest.approx(a.final_val_loss)
+
+
+def test_demo_runs_end_to_end(tmp_path, capsys):
+    code = main(["demo", "--preset", "cpu-tiny", "--steps", "8", "--dp", "0,8", "--out", str(tmp_path),
+                 "--no-progress"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "2,458,421,760" in out and "882,983,168" in out and "unigram entropy" in out
+    assert (tmp_path / "dp0" / "summary.json").exists() and (tmp_path / "dp8" / "summary.json").exists()
+
+
+def test_demo_on_user_text_and_bad_data(tmp_path, capsys):
+    text = tmp_path / "mine.txt"
+    text.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog {i % 7} times."
+                                for i in range(3000)))
+    assert main(["demo", "--preset", "cpu-tiny", "--steps", "3", "--dp", "0", "--data", str(text),
+                 "--out", str(tmp_path / "r"), "--no-progress", "--set", "train.seq_len=16"]) == 0
+    capsys.readouterr()
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"\x00\x01\x02" * 100)
+    assert main(["demo", "--preset", "cpu-tiny", "--data", str(binary), "--out", str(tmp_path / "x")]) == 2
+    assert "looks binary" in capsys.readouterr().err
+    assert main(["demo", "--preset", "cpu-tiny", "--data", str(tmp_path / "missing.txt")]) == 2
+    assert "does not exist" in capsys.readouterr().err
