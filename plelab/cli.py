@@ -88,6 +88,52 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from plelab.config import RunConfig, apply_overrides, resolve_config, set_value
+    from plelab.data.pipeline import prepare_data
+    from plelab.runtime import resolve_device
+    from plelab.train.distributed import init_distributed, shutdown
+    from plelab.train.trainer import Trainer
+
+    saved = Path(args.out) / "config.json"
+    if args.resume and saved.exists():
+        try:
+            cfg = RunConfig.from_dict(json.loads(saved.read_text()))
+        except ValueError as err:
+            raise ConfigError(f"{saved} is not valid JSON ({err}); fix it or start a new --out") from None
+        if args.preset is not None and args.preset != cfg.preset:
+            raise ConfigError(f"--preset {args.preset} differs from the run's preset {cfg.preset}; "
+                              "drop --preset when resuming")
+        for key, value in (("ple.dim", args.dp), ("ple.gate", args.gate), ("seed", args.seed), ("train.steps", args.steps)):
+            if value is not None:
+                set_value(cfg, key, value, from_text=isinstance(value, str))
+        cfg = apply_overrides(cfg, args.overrides).validate()
+    else:
+        cfg = resolve_config(args.preset or "cpu-tiny", args.overrides, dp=args.dp, gate=args.gate, seed=args.seed,
+                             steps=args.steps)
+    for key, value in (("data.path", args.data), ("data.text_field", args.text_field),
+                       ("data.tokenizer", args.tokenizer)):
+        if value is not None:
+            set_value(cfg, key, value)
+    dist = init_distributed(resolve_device(cfg.train.device).type)
+    try:
+        data = prepare_data(cfg, progress=not args.no_progress, dist=dist)
+        if dist.is_main:
+            entropy = data.unigram_entropy(cfg.model.vocab_size)
+            print(f"{cfg.preset} dP={cfg.ple.dim}: {len(data.train):,} train / {len(data.val):,} validation tokens; "
+                  f"validation unigram entropy {entropy:.3f} nats")
+        log = print if dist.is_main else (lambda *a, **k: None)
+        result = Trainer(cfg, data, args.out, resume=args.resume, progress=not args.no_progress, log=log).fit()
+        if dist.is_main and result.val_history:
+            print(f"final validation loss {result.final_val_loss:.4f} nats; unigram entropy {entropy:.3f} "
+                  f"({entropy - result.final_val_loss:+.3f} below it); run in {args.out}")
+    finally:
+        shutdown(dist)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="plelab", description="Per-Layer Embeddings lab: models, accounting, training, studies.")
     parser.add_argument("--version", action="version", version=f"plelab {__version__}")
@@ -106,6 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("presets", help="list the named presets with their parameter counts")
     p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("train", help="train one model; writes RUN/config.json, metrics.jsonl, checkpoints, summary.json")
+    _config_args(p)
+    p.set_defaults(preset=None, func=cmd_train)
+    p.add_argument("--dp", help="dP (ple.dim)")
+    p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
+    p.add_argument("--out", required=True, help="run folder to create (or to continue with --resume)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--data", help="your text: a .txt/.md/.jsonl/.parquet file, a folder of them, or a HF datasets folder")
+    p.add_argument("--text-field", help="JSONL field / Parquet or datasets column holding the text (default 'text')")
+    p.add_argument("--tokenizer", help="use this tokenizer.json instead of training a BPE on the corpus")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     from plelab.demo import add_demo_parser
 

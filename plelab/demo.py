@@ -19,14 +19,15 @@ DEMO_STEPS = 300
 
 
 def run_demo(preset: str = "cpu-small", dims: list[int] | None = None, steps: int | None = None,
-             out: str | Path = "runs/demo", overrides: list[str] | None = None, seed: int | None = None,
+             out: str | Path | None = None, overrides: list[str] | None = None, seed: int | None = None,
              data_path: str | None = None, progress: bool = True, log=print) -> dict:
     from plelab.config import resolve_config
-    from plelab.data import get_tokenizer, load_corpus, prepare_tokens
+    from plelab.data.pipeline import prepare_data
     from plelab.model.accounting import account
-    from plelab.train.loop import train
+    from plelab.train.trainer import train
 
     started = time.perf_counter()
+    out = Path(out) if out is not None else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     seed_rows = []
     for dp in (0, 64, 128, 256, 512):
         c = resolve_config("seed-3b", dp=dp)
@@ -37,12 +38,10 @@ def run_demo(preset: str = "cpu-small", dims: list[int] | None = None, steps: in
     if data_path is not None:
         base.data.path = data_path
     dims = dims if dims is not None else sorted({0, base.ple.dim})
-    corpus = load_corpus(base.data.path)
-    tok = get_tokenizer(corpus, base.model.vocab_size, show_progress=progress)
-    data = prepare_tokens(corpus, tok, base.data.val_fraction)
+    data = prepare_data(base, progress=progress)
     entropy = data.unigram_entropy(base.model.vocab_size)
-    log(f"\ncorpus {corpus.name}: {len(corpus.documents):,} documents, {corpus.num_chars:,} characters, "
-        f"sha256 {corpus.fingerprint[:16]}…; {data.n_duplicates} duplicates removed")
+    log(f"\ncorpus {data.corpus_name}: {data.n_train_docs + data.n_val_docs:,} distinct documents, "
+        f"sha256 {data.corpus_fingerprint[:16]}…; {data.n_duplicates} duplicates removed")
     log(f"tokens: train {len(data.train):,} ({data.n_train_docs} docs), validation {len(data.val):,} "
         f"({data.n_val_docs} docs); validation unigram entropy {entropy:.3f} nats")
     tokens = base.train.steps * base.train.batch_size * base.train.seq_len
@@ -53,7 +52,7 @@ def run_demo(preset: str = "cpu-small", dims: list[int] | None = None, steps: in
     for dp in dims:
         cfg = resolve_config(preset, overrides, seed=seed, steps=steps, dp=dp)
         cfg.data.path = base.data.path
-        res = train(cfg, data, out_dir=Path(out) / f"dp{dp}", progress=progress)
+        res = train(cfg, data, out_dir=Path(out) / f"dp{dp}", progress=progress, log=lambda *a: None)
         acc = account(cfg.model, cfg.ple, cfg.train.seq_len)
         results[dp] = {"val_loss": res.final_val_loss, "train_loss": res.train_losses[-1],
                        "params": acc.total, "tokens_per_second": res.tokens_per_second}
@@ -89,5 +88,5 @@ def add_demo_parser(sub, config_args) -> None:
     p.add_argument("--steps", type=int, default=DEMO_STEPS,
                    help=f"training steps per run (default {DEMO_STEPS}, about 4 minutes per cpu-small run on 2 cores)")
     p.add_argument("--data", help="your own UTF-8 text file or folder instead of the embedded corpus")
-    p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    p.add_argument("--out", help="output folder (default runs/demo-DATE-TIME)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -2,11 +2,12 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from plelab.cli import main
 from plelab.config import resolve_config
-from plelab.data import split_documents, train_batch, val_windows
-from plelab.train.loop import train
+from plelab.data import PackedSampler, split_documents, val_windows
+from plelab.train.trainer import train
 from plelab.train.optim import lr_multiplier, optimizer_groups
 
 
@@ -20,13 +21,26 @@ def test_split_is_deduplicated_deterministic_and_spread():
     assert positions[0] < 100 and positions[-1] > 300  # drawn across the corpus, not a tail cut
 
 
-def test_batches_are_a_function_of_seed_and_step(tiny_data):
-    a = train_batch(tiny_data.train, 4, 32, seed=5, step=10)
-    b = train_batch(tiny_data.train, 4, 32, seed=5, step=10)
-    c = train_batch(tiny_data.train, 4, 32, seed=5, step=11)
+def test_packed_sampler_is_a_function_of_seed_and_step_and_covers_each_epoch(tiny_data):
+    sampler = PackedSampler(tiny_data.train, 32, seed=5)
+    n = sampler.num_sequences
+    a = sampler.batch(10, 4)
+    b = PackedSampler(tiny_data.train, 32, seed=5).batch(10, 4)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not np.array_equal(a[0], c[0])
+    assert not np.array_equal(a[0], sampler.batch(11, 4)[0])
+    assert not np.array_equal(a[0], PackedSampler(tiny_data.train, 32, seed=6).batch(10, 4)[0])
     assert np.array_equal(a[0][:, 1:], a[1][:, :-1])
+    # one epoch visits every packed sequence exactly once, then a new order starts
+    G = 64
+    seen = np.concatenate([sampler.indices(k, G) for k in range(n // G)])
+    assert len(set(seen.tolist())) == len(seen)
+    first_two = np.concatenate([sampler.indices(k, G) for k in range(2 * n // G + 1)])
+    assert set(first_two.tolist()) == set(range(n))
+    assert sampler.epochs(n // G, G) == pytest.approx((n // G) * G / n)
+    # rows of a global batch are a partition: rank slices concatenate to the whole batch
+    whole = sampler.batch(3, 8)[0]
+    halves = torch.cat([sampler.batch(3, 8, slice(0, 4))[0], sampler.batch(3, 8, slice(4, 8))[0]])
+    assert torch.equal(whole, halves)
     w = val_windows(tiny_data.val, 32, 10)
     assert w.shape == (10, 33)
 
@@ -56,6 +70,7 @@ def test_training_is_deterministic_and_learns(tiny_data, tmp_path):
     assert summary["config"]["ple"]["dim"] == 16 and "torch" in summary["versions"]
     rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 40 and rows[-1]["val_loss"] == pytest.approx(a.final_val_loss)
+    assert {"loss", "lr", "grad_norm", "tokens", "epoch", "tokens_per_second"} <= set(rows[0])
 
 
 def test_demo_runs_end_to_end(tmp_path, capsys):

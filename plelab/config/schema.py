@@ -15,6 +15,8 @@ from typing import Literal
 from plelab.errors import ConfigError
 
 GateKind = Literal["gemma", "scalar", "vector", "none"]
+Precision = Literal["auto", "fp32", "bf16"]
+Parallel = Literal["ddp", "fsdp"]
 GATE_KINDS: tuple[str, ...] = ("gemma", "scalar", "vector", "none")
 
 
@@ -110,7 +112,9 @@ class TrainConfig:
     """Optimisation and loop settings."""
 
     steps: int = 200
+    # Global batch in sequences per optimizer step, over all ranks and accumulation micro-steps.
     batch_size: int = 8
+    grad_accum: int = 1
     seq_len: int = 64
     lr: float = 3e-3
     # Learning rate and weight decay of the per-layer table's own parameter group.
@@ -123,13 +127,26 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 50
     eval_batches: int = 8
+    log_every: int = 10
+    # Checkpoint every N steps (and at the end); keep the newest keep_checkpoints of them.
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
     device: str = "auto"
-    # CPU threads for torch; 0 means all cores of this machine.
+    # auto: bf16 autocast on CUDA, fp32 on CPU (bf16 matmuls are slower than fp32 on CPUs).
+    precision: Precision = "auto"
+    compile: bool = False
+    # Multi-process wrapping under torchrun: DDP, or FSDP2 (fully_shard) for large models.
+    parallel: Parallel = "ddp"
+    # CPU threads for torch; 0 means all cores of this machine (divided among local ranks).
     threads: int = 0
+    tensorboard: bool = False
+    wandb_project: str | None = None
 
     def validate(self) -> None:
         _require(self.steps >= 1, "train.steps", self.steps, "an integer >= 1")
         _require(self.batch_size >= 1, "train.batch_size", self.batch_size, "an integer >= 1")
+        _require(self.grad_accum >= 1 and self.batch_size % self.grad_accum == 0, "train.grad_accum", self.grad_accum,
+                 f"an integer >= 1 dividing train.batch_size={self.batch_size}")
         _require(self.seq_len >= 2, "train.seq_len", self.seq_len, "an integer >= 2")
         _require(self.lr > 0, "train.lr", self.lr, "a number > 0")
         _require(self.table_lr is None or self.table_lr >= 0, "train.table_lr", self.table_lr,
@@ -141,6 +158,10 @@ class TrainConfig:
         _require(self.grad_clip >= 0, "train.grad_clip", self.grad_clip, "a number >= 0 (0 = off)")
         _require(self.eval_every >= 1, "train.eval_every", self.eval_every, "an integer >= 1")
         _require(self.eval_batches >= 1, "train.eval_batches", self.eval_batches, "an integer >= 1")
+        _require(self.log_every >= 1, "train.log_every", self.log_every, "an integer >= 1")
+        _require(self.checkpoint_every >= 0, "train.checkpoint_every", self.checkpoint_every,
+                 "an integer >= 0 (0 = only at the end)")
+        _require(self.keep_checkpoints >= 1, "train.keep_checkpoints", self.keep_checkpoints, "an integer >= 1")
         _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "train.device",
                  self.device, "auto | cpu | cuda | cuda:N")
         _require(self.threads >= 0, "train.threads", self.threads, "an integer >= 0 (0 = all cores)")
@@ -152,7 +173,10 @@ class DataConfig:
 
     # None means the embedded default corpus (the interpreter's own documentation).
     path: str | None = None
+    # Field (JSONL) or column (Parquet, HF datasets) that holds the text.
     text_field: str = "text"
+    # An existing tokenizer.json; None trains a byte-level BPE on the corpus (cached).
+    tokenizer: str | None = None
     val_fraction: float = 0.05
 
     def validate(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import os
 import sys
 import sysconfig
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plelab.errors import PlelabError
+from plelab.io import cache_dir, write_json
 
+_EXTRACTOR_VERSION = 1  # bump when the extraction rules change
 _SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__", "lib2to3",
               "turtledemo", "ensurepip"}
 
@@ -60,14 +63,31 @@ def _module_docstrings(path: Path) -> str:
 
 
 def embedded_corpus() -> Corpus:
-    """The interpreter's documentation topics and standard-library docstrings (deterministic)."""
+    """The interpreter's documentation topics and standard-library docstrings (deterministic).
+
+    Extracted once per interpreter and cached as JSON in the plelab cache folder.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    name = f"python{sys.version_info.major}.{sys.version_info.minor}-docs"
+    key = hashlib.sha256(f"{sys.version}|{root}|{_EXTRACTOR_VERSION}".encode()).hexdigest()[:16]
+    cached = cache_dir("corpus") / f"{name}-{key}.json"
+    if cached.exists():
+        try:
+            return Corpus(name=name, documents=json.loads(cached.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            pass  # a damaged cache entry is rebuilt below
+    corpus = Corpus(name=name, documents=_extract_embedded(root))
+    write_json(cached, corpus.documents)
+    return corpus
+
+
+def _extract_embedded(root: Path) -> list[str]:
     docs: list[str] = []
     try:
         from pydoc_data.topics import topics
     except ImportError:  # some minimal Python builds drop pydoc_data
         topics = {}
     docs += [topics[k].strip() for k in sorted(topics) if topics[k].strip()]
-    root = Path(sysconfig.get_paths()["stdlib"])
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith((".", "config-")))
         for fn in sorted(filenames):
@@ -78,59 +98,4 @@ def embedded_corpus() -> Corpus:
     if not docs:
         raise PlelabError(f"the embedded corpus is empty: no docstrings found under {root}; "
                           "pass your own text with --data PATH")
-    return Corpus(name=f"python{sys.version_info.major}.{sys.version_info.minor}-docs", documents=docs)
-
-
-def _read_text_file(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise PlelabError(f"cannot read {path}: {err.strerror or err}; check the path and its permissions") from None
-    if b"\x00" in data[:8192]:
-        raise PlelabError(f"{path} looks binary (it contains NUL bytes); pass UTF-8 text files")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise PlelabError(f"{path} is not UTF-8 (invalid byte at offset {err.start}); convert it to UTF-8") from None
-
-
-def _chunk_paragraphs(text: str, min_chars: int) -> list[str]:
-    """Group consecutive blank-line-separated paragraphs into documents of >= ``min_chars``."""
-    docs, buf, size = [], [], 0
-    for para in text.split("\n\n"):
-        para = para.strip()
-        if not para:
-            continue
-        buf.append(para)
-        size += len(para)
-        if size >= min_chars:
-            docs.append("\n\n".join(buf))
-            buf, size = [], 0
-    if buf:
-        docs.append("\n\n".join(buf))
     return docs
-
-
-def text_corpus(path: str | os.PathLike, doc_chars: int = 2000) -> Corpus:
-    """A UTF-8 text file, or a folder of ``.txt``/``.md`` files read in sorted order.
-
-    Each file is cut into documents of about ``doc_chars`` characters at paragraph
-    boundaries, so that a validation split can be drawn across the whole text.
-    """
-    p = Path(path)
-    if not p.exists():
-        raise PlelabError(f"data path {p} does not exist; pass a text file or a folder of .txt files")
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".txt", ".md")) if p.is_dir() else [p]
-    if not files:
-        raise PlelabError(f"data folder {p} has no .txt or .md files")
-    docs: list[str] = []
-    for f in files:
-        docs += _chunk_paragraphs(_read_text_file(f), doc_chars)
-    if not docs:
-        raise PlelabError(f"data path {p} holds no text (all files are empty); pass non-empty UTF-8 text")
-    return Corpus(name=p.name, documents=docs)
-
-
-def load_corpus(path: str | None) -> Corpus:
-    """``None`` -> the embedded corpus; otherwise the user's text file or folder."""
-    return embedded_corpus() if path is None else text_corpus(path)

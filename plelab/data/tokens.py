@@ -4,8 +4,9 @@
   iff ``sha256(text)`` falls below ``val_fraction`` — drawn across the whole corpus, not a
   tail cut, so validation is in-distribution and stable when documents are added.
 - Streams: documents are tokenised once, joined with EOS, cached as ``.npy`` and memory-mapped.
-- Batches: batch ``k`` of a run is drawn from a generator seeded by ``(seed, k)``, so every
-  dP arm of a paired study sees the same data order, and a run can resume at any step.
+- Batches: packed sequences, reshuffled each epoch; step ``k``'s batch is a function of
+  ``(seed, k)`` alone (:class:`PackedSampler`), so paired arms, resumed runs and torchrun
+  ranks all see the same data.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class TokenData:
     train: np.ndarray
     val: np.ndarray
     corpus_fingerprint: str
+    corpus_name: str
     n_train_docs: int
     n_val_docs: int
     n_duplicates: int
@@ -87,23 +89,52 @@ def prepare_tokens(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> Token
             ids = _encode(tok, docs)
             atomic_write(path, lambda p, ids=ids: _save_npy(p, ids))
         arrays[split] = np.load(path, mmap_mode="r")
-    return TokenData(arrays["train"], arrays["val"], corpus.fingerprint, len(train_docs), len(val_docs), dups)
+    return TokenData(arrays["train"], arrays["val"], corpus.fingerprint, corpus.name, len(train_docs), len(val_docs),
+                     dups)
 
 
-def train_batch(stream: np.ndarray, batch_size: int, seq_len: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch ``step`` of a run: ``batch_size`` random windows of ``seq_len + 1`` tokens.
+class PackedSampler:
+    """Packed fixed-length training sequences, reshuffled every epoch, addressed by step.
 
-    Returns ``(inputs, targets)``, both ``[B, T]`` int64. Deterministic in ``(seed, step)``.
+    The stream is cut into ``n = (len - 1) // T`` sequences of ``T + 1`` tokens starting at
+    multiples of ``T`` (consecutive sequences share one boundary token, so no target is lost).
+    Epoch ``e`` visits them in the order ``randperm(n)`` seeded by ``(seed, e)``; optimizer step
+    ``k`` takes positions ``[k·G, (k+1)·G)`` of that endless sequence, ``G`` the global batch.
+    The sampler's whole state is therefore the step number: a resumed run, every rank of a
+    torchrun job and every dP arm of a paired study see exactly the same data.
     """
-    n = len(stream) - seq_len - 1
-    if n < 1:
-        raise PlelabError(f"the training split has {len(stream)} tokens, fewer than train.seq_len+1={seq_len + 1}; "
-                          "supply more text or lower train.seq_len")
-    gen = torch.Generator().manual_seed(param_seed(seed, f"batch:{step}"))
-    starts = torch.randint(0, n + 1, (batch_size,), generator=gen).tolist()
-    rows = np.stack([np.asarray(stream[s:s + seq_len + 1], dtype=np.int64) for s in starts])
-    t = torch.from_numpy(rows)
-    return t[:, :-1], t[:, 1:]
+
+    def __init__(self, stream: np.ndarray, seq_len: int, seed: int) -> None:
+        self.stream, self.seq_len, self.seed = stream, seq_len, seed
+        self.num_sequences = (len(stream) - 1) // seq_len
+        if self.num_sequences < 1:
+            raise PlelabError(f"the training split has {len(stream)} tokens, fewer than train.seq_len+1={seq_len + 1}; "
+                              "supply more text or lower train.seq_len")
+        self._perms: dict[int, np.ndarray] = {}
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            if len(self._perms) > 2:
+                self._perms.pop(min(self._perms))
+            gen = torch.Generator().manual_seed(param_seed(self.seed, f"epoch:{epoch}"))
+            self._perms[epoch] = torch.randperm(self.num_sequences, generator=gen).numpy()
+        return self._perms[epoch]
+
+    def indices(self, step: int, global_batch: int) -> np.ndarray:
+        """Sequence indices of the global batch of optimizer step ``step``."""
+        pos = np.arange(step * global_batch, (step + 1) * global_batch)
+        return np.array([self._perm(int(q))[int(r)] for q, r in zip(*np.divmod(pos, self.num_sequences))])
+
+    def batch(self, step: int, global_batch: int, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inputs, targets)`` ``[b, T]`` int64 for ``rows`` of step ``step``'s global batch."""
+        T = self.seq_len
+        seqs = [np.asarray(self.stream[i * T:i * T + T + 1], dtype=np.int64)
+                for i in self.indices(step, global_batch)[rows]]
+        t = torch.from_numpy(np.stack(seqs))
+        return t[:, :-1], t[:, 1:]
+
+    def epochs(self, steps_done: int, global_batch: int) -> float:
+        return steps_done * global_batch / self.num_sequences
 
 
 def val_windows(stream: np.ndarray, seq_len: int, max_windows: int) -> torch.Tensor:
@@ -118,8 +149,4 @@ def val_windows(stream: np.ndarray, seq_len: int, max_windows: int) -> torch.Ten
     return torch.from_numpy(rows)
 
 
-def epochs_seen(tokens_seen: int, train_tokens: int) -> float:
-    return tokens_seen / max(1, train_tokens)
-
-
-__all__ = ["TokenData", "epochs_seen", "prepare_tokens", "split_documents", "train_batch", "val_windows"]
+__all__ = ["PackedSampler", "TokenData", "prepare_tokens", "split_documents", "val_windows"]

@@ -1,0 +1,139 @@
+"""Checkpoints: safetensors weights with HF names, optimizer moments, RNG and loop state. No pickle.
+
+Layout of ``RUN/checkpoints/step-000100/``:
+
+- ``model.safetensors``: the full model state dict (HF Gemma names, tied embedding once);
+- ``optimizer.safetensors``: per parameter ``{name}.exp_avg``, ``{name}.exp_avg_sq``,
+  ``{name}.step``, plus ``rng.torch_cpu`` (and ``rng.cuda`` on GPU);
+- ``state.json``: format tag, step, tokens seen, validation history, config, corpus fingerprint.
+
+A checkpoint is written into a temporary folder and renamed into place, so a crash (even
+``kill -9``) mid-write leaves the previous checkpoints untouched and no half checkpoint
+visible. Under DDP / FSDP2 the full (unsharded) state is gathered and rank 0 writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+)
+
+from plelab.errors import PlelabError
+from plelab.io import write_json
+
+FORMAT = "plelab-checkpoint-v1"
+_STEP_DIR = re.compile(r"^step-(\d{6,})$")
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first (temporary folders are ignored)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)]
+    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def gather_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Full model and optimizer tensors as flat name -> CPU tensor dicts (collective under DDP/FSDP)."""
+    msd = get_model_state_dict(model, options=_FULL)
+    osd = get_optimizer_state_dict(model, opt, options=_FULL)
+    flat = {f"{name}.{k}": v for name, st in osd["state"].items() for k, v in st.items() if torch.is_tensor(v)}
+    return ({k: v.detach().contiguous() for k, v in msd.items()},
+            {k: v.detach().reshape(v.shape).contiguous() for k, v in flat.items()})
+
+
+def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: dict, state: dict,
+                    keep: int) -> Path:
+    """Write ``step-{step}`` atomically, then delete all but the newest ``keep`` checkpoints."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob("*.tmp-*"):  # left by a crash mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+    final = root / f"step-{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=root))
+    rng = {"rng.torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["rng.cuda"] = torch.cuda.get_rng_state()
+    save_file(model_tensors, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
+    save_file({**opt_tensors, **rng}, str(tmp / "optimizer.safetensors"), metadata={"format": FORMAT})
+    write_json(tmp / "state.json", {"format": FORMAT, "step": step, **state})
+    if final.exists():  # a re-save of the same step (resume that ended exactly here)
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        trash = old.with_name(old.name + ".tmp-old")
+        old.rename(trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    return final
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.exists():
+        raise PlelabError(f"{path.parent} is not a plelab checkpoint (no {path.name}); "
+                          "point at a RUN folder written by plelab train")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise PlelabError(f"checkpoint file {path} is damaged or truncated ({str(err).splitlines()[0]}); "
+                          "delete that checkpoint folder to resume from the previous one") from None
+
+
+def read_state(ckpt: Path) -> dict:
+    path = ckpt / "state.json"
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PlelabError(f"{ckpt} is not a plelab checkpoint (no state.json)") from None
+    except (OSError, ValueError) as err:
+        raise PlelabError(f"checkpoint state {path} is unreadable ({err}); delete that checkpoint folder") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise PlelabError(f"{ckpt} has format {state.get('format') if isinstance(state, dict) else None!r}, "
+                          f"expected {FORMAT}; it was not written by this plelab")
+    return state
+
+
+def load_model_weights(model: torch.nn.Module, ckpt: Path) -> None:
+    """Load ``model.safetensors`` into ``model`` (plain, DDP-wrapped or FSDP2-sharded), checking names and shapes."""
+    tensors = _load_tensors(Path(ckpt) / "model.safetensors")
+    expected = get_model_state_dict(model, options=_FULL)
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        what = f"missing {missing[0]}" if missing else f"unexpected {extra[0]}"
+        raise PlelabError(f"checkpoint {ckpt} does not fit this model ({what}); it was trained with another config")
+    for name, t in tensors.items():
+        if tuple(t.shape) != tuple(expected[name].shape):
+            raise PlelabError(f"checkpoint {ckpt} does not fit this model: {name} has shape {tuple(t.shape)}, "
+                              f"the model expects {tuple(expected[name].shape)} (another config)")
+    set_model_state_dict(model, tensors, options=StateDictOptions(full_state_dict=True))
+
+
+def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path) -> None:
+    """Restore AdamW moments and step counts, and the RNG states."""
+    tensors = _load_tensors(Path(ckpt) / "optimizer.safetensors")
+    osd = get_optimizer_state_dict(model, opt, options=_FULL)
+    names = [n for group in osd["param_groups"] for n in group["params"]]
+    state = {}
+    for name in names:
+        entry = {k: tensors[f"{name}.{k}"] for k in ("step", "exp_avg", "exp_avg_sq") if f"{name}.{k}" in tensors}
+        if entry and len(entry) != 3:
+            raise PlelabError(f"optimizer state for {name} in {ckpt} is incomplete; the checkpoint is damaged")
+        if entry:
+            state[name] = entry
+    set_optimizer_state_dict(model, opt, {"state": state, "param_groups": osd["param_groups"]},
+                             options=StateDictOptions(full_state_dict=True))
+    if "rng.torch_cpu" in tensors:
+        torch.set_rng_state(tensors["rng.torch_cpu"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])

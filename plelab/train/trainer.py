@@ -1,0 +1,244 @@
+"""The trainer: one run of one config, single process or under torchrun (DDP / FSDP2).
+
+A step: ``sampler.batch(step)`` (this rank's rows of the global batch) -> ``model(inputs,
+labels)`` under bf16 autocast on CUDA -> ``(loss / grad_accum).backward()`` per micro-batch
+-> mean loss across ranks -> clip -> AdamW (decay / no_decay / ple_table groups, LR from
+warmup + cosine) -> metrics row -> every ``eval_every`` steps validation, every
+``checkpoint_every`` steps an atomic checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from plelab.config.schema import RunConfig
+from plelab.data.tokens import PackedSampler, TokenData, val_windows
+from plelab.errors import PlelabError
+from plelab.io import write_json
+from plelab.model.accounting import flops_per_token
+from plelab.model.init import build_model
+from plelab.provenance import provenance
+from plelab.runtime import resolve_device, seed_everything, setup_torch
+from plelab.train import checkpoint as ckpt
+from plelab.train.distributed import DistInfo, barrier, init_distributed, mean_across_ranks, wrap_model
+from plelab.train.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
+from plelab.train.optim import build_optimizer, lr_multiplier, set_lr
+
+# Config keys that must match for a checkpoint to be resumed (they change what a step computes).
+_RESUME_KEYS = ("seed", "model", "ple", "train.batch_size", "train.seq_len")
+
+
+@dataclass
+class TrainResult:
+    train_losses: list[float] = field(default_factory=list)
+    val_history: list[tuple[int, float]] = field(default_factory=list)
+    tokens_seen: int = 0
+    wall_seconds: float = 0.0
+    tokens_per_second: float = 0.0
+
+    @property
+    def final_val_loss(self) -> float:
+        return self.val_history[-1][1]
+
+
+def _lookup(d: dict, key: str):
+    for part in key.split("."):
+        d = d[part]
+    return d
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, data: TokenData, run_dir: str | Path | None = None, *, resume: bool = False,
+                 progress: bool = True, log=print) -> None:
+        tc = cfg.train
+        self.cfg, self.data, self.log, self.progress = cfg, data, log, progress
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        device = resolve_device(tc.device)
+        self.dist: DistInfo = init_distributed(device.type)
+        self.device = torch.device("cuda", self.dist.local_rank) if device.type == "cuda" else device
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        setup_torch(tc.threads or max(1, cores // self.dist.local_world_size))
+        seed_everything(cfg.seed)
+        per_step = self.dist.world_size * tc.grad_accum
+        if tc.batch_size % per_step:
+            raise PlelabError(f"train.batch_size={tc.batch_size} must be divisible by world size x grad_accum = "
+                              f"{self.dist.world_size} x {tc.grad_accum}; change one of them")
+        self.micro_batch = tc.batch_size // per_step
+        self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and self.device.type == "cuda")
+        self.model = build_model(cfg.model, cfg.ple, seed=cfg.seed, device=self.device)
+        self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device, self.bf16)
+        self.opt = build_optimizer(self.model, tc)
+        self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
+        self.sampler = PackedSampler(data.train, tc.seq_len, cfg.seed)
+        self.val = val_windows(data.val, tc.seq_len, tc.eval_batches * tc.batch_size)
+        self.flops_per_token = flops_per_token(cfg.model, cfg.ple, tc.seq_len)
+        self.peak_flops = gpu_peak_flops(self.device)
+        self.step, self.tokens_seen, self.wall_before = 0, 0, 0.0
+        self.val_history: list[tuple[int, float]] = []
+        self.sinks = None
+        if self.run_dir is not None:
+            self._open_run(resume)
+
+    # ---- run folder, resume ------------------------------------------------------------------
+    def _open_run(self, resume: bool) -> None:
+        run, main = self.run_dir, self.dist.is_main
+        if (run / "config.json").exists() and not resume:
+            raise PlelabError(f"{run} already holds a run (config.json); pass --resume to continue it, "
+                              "or choose another --out")
+        latest = ckpt.list_checkpoints(run)[-1] if resume and ckpt.list_checkpoints(run) else None
+        if main:
+            try:
+                run.mkdir(parents=True, exist_ok=True)
+                write_json(run / "config.json", self.cfg.to_dict())
+            except OSError as err:
+                raise PlelabError(f"cannot write to output folder {run}: {err.strerror or err}") from None
+        if latest is not None:
+            state = ckpt.read_state(latest)
+            saved, now = state["config"], self.cfg.to_dict()
+            for key in _RESUME_KEYS:
+                if _lookup(saved, key) != _lookup(now, key):
+                    raise PlelabError(f"cannot resume {run}: its checkpoint was trained with a different {key}; "
+                                      "resume with the run's own config or start a new --out")
+            ckpt.load_model_weights(self.model, latest)
+            ckpt.load_optimizer_state(self.model, self.opt, latest)
+            self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+            self.val_history = [tuple(v) for v in state["val_history"]]
+            self.wall_before = state.get("wall_seconds", 0.0)
+            self.log(f"resumed {run} from {latest.name} (step {self.step})")
+        elif resume:
+            self.log(f"no checkpoint in {run} yet: starting from step 0")
+        if main:
+            if latest is not None:
+                truncate_jsonl(run / "metrics.jsonl", self.step)
+            else:
+                (run / "metrics.jsonl").unlink(missing_ok=True)
+            self.sinks = MetricSinks(run, self.cfg.train.tensorboard, self.cfg.train.wandb_project, self.cfg.to_dict())
+        barrier(self.dist)
+
+    def save_checkpoint(self) -> None:
+        model_t, opt_t = ckpt.gather_state(self.model, self.opt)  # collective: every rank calls it
+        if self.dist.is_main:
+            ckpt.save_checkpoint(self.run_dir, self.step, model_t, opt_t, {
+                "tokens_seen": self.tokens_seen, "val_history": self.val_history, "config": self.cfg.to_dict(),
+                "wall_seconds": self.wall_before + self._elapsed(), "corpus_fingerprint": self.data.corpus_fingerprint,
+                "world_size": self.dist.world_size}, keep=self.cfg.train.keep_checkpoints)
+        barrier(self.dist)
+
+    # ---- steps -------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train_step(self) -> dict:
+        tc, step = self.cfg.train, self.step
+        set_lr(self.opt, lr_multiplier(step, tc))
+        t0 = time.perf_counter()
+        total = torch.zeros((), device=self.device)
+        for m in range(tc.grad_accum):
+            first = (self.dist.rank * tc.grad_accum + m) * self.micro_batch
+            x, y = self.sampler.batch(step, tc.batch_size, slice(first, first + self.micro_batch))
+            sync_off = m < tc.grad_accum - 1 and hasattr(self.wrapped, "no_sync")
+            with (self.wrapped.no_sync() if sync_off else contextlib.nullcontext()), self._autocast():
+                loss = self.forward(x.to(self.device), labels=y.to(self.device)).loss
+            (loss / tc.grad_accum).backward()
+            total += loss.detach()
+        loss = mean_across_ranks(total / tc.grad_accum, self.dist).item()
+        if not math.isfinite(loss):
+            raise PlelabError(f"the loss became {loss} at step {step + 1}; lower train.lr or check the data "
+                              "(the last checkpoint is kept)")
+        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip if tc.grad_clip > 0 else math.inf)
+        gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        tokens = tc.batch_size * tc.seq_len
+        self.tokens_seen += tokens
+        self.step += 1
+        tps = tokens / dt
+        return {"step": self.step, "loss": loss, "lr": self.opt.param_groups[0]["lr"], "grad_norm": gnorm.item(),
+                "tokens": self.tokens_seen, "epoch": self.sampler.epochs(self.step, tc.batch_size),
+                "tokens_per_second": tps,
+                "mfu": tps * self.flops_per_token / (self.peak_flops * self.dist.world_size) if self.peak_flops else None}
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean next-token CE (nats) over the fixed validation windows (every rank runs all of them)."""
+        self.model.eval()
+        total, count = 0.0, 0
+        for i in range(0, len(self.val), self.micro_batch):
+            chunk = self.val[i:i + self.micro_batch].to(self.device)
+            with self._autocast():
+                loss = self.model(chunk[:, :-1], labels=chunk[:, 1:]).loss
+            total += loss.item() * chunk.shape[0]
+            count += chunk.shape[0]
+        self.model.train()
+        return total / count
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._start
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def fit(self) -> TrainResult:
+        tc, main = self.cfg.train, self.dist.is_main
+        result = TrainResult(val_history=self.val_history)
+        self._start = time.perf_counter()
+        first_step = self.step
+        bar = tqdm(total=tc.steps, initial=self.step, desc=f"{self.cfg.preset} dP={self.cfg.ple.dim}",
+                   disable=not (self.progress and main), leave=False, dynamic_ncols=True)
+        say = bar.write if self.progress and main else self.log
+        self.model.train()
+        try:
+            while self.step < tc.steps:
+                row = self.train_step()
+                result.train_losses.append(row["loss"])
+                if self.step % tc.eval_every == 0 or self.step == tc.steps:
+                    row["val_loss"] = self.evaluate()
+                    self.val_history.append((self.step, row["val_loss"]))
+                    recent = result.train_losses[-tc.eval_every:]
+                    row["train_val_gap"] = row["val_loss"] - sum(recent) / len(recent)
+                if main:
+                    if self.sinks is not None:
+                        self.sinks.write(row)
+                    if self.step % tc.log_every == 0 or "val_loss" in row:
+                        say(step_line(row, tc.steps))
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{row['loss']:.3f}")
+                if self.run_dir is not None and tc.checkpoint_every and (
+                        self.step % tc.checkpoint_every == 0 or self.step == tc.steps):
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+            if self.sinks is not None:
+                self.sinks.close()
+        elapsed = self._elapsed()
+        result.tokens_seen = self.tokens_seen
+        result.wall_seconds = self.wall_before + elapsed
+        result.tokens_per_second = (self.step - first_step) * tc.batch_size * tc.seq_len / max(elapsed, 1e-9)
+        if self.run_dir is not None and main:
+            write_json(self.run_dir / "summary.json", {
+                "final_train_loss": result.train_losses[-1] if result.train_losses else None,
+                "final_val_loss": self.val_history[-1][1] if self.val_history else None,
+                "val_unigram_entropy": self.data.unigram_entropy(self.cfg.model.vocab_size),
+                "steps": self.step, "tokens_seen": self.tokens_seen,
+                "epochs": self.sampler.epochs(self.step, tc.batch_size), "wall_seconds": result.wall_seconds,
+                "tokens_per_second": result.tokens_per_second, "world_size": self.dist.world_size,
+                "params": sum(p.numel() for p in self.model.parameters()),
+                **provenance(self.cfg, self.data.corpus_fingerprint)})
+        return result
+
+
+def train(cfg: RunConfig, data: TokenData, out_dir: str | Path | None = None, progress: bool = True,
+          resume: bool = False, log=print) -> TrainResult:
+    """Build a :class:`Trainer` and run it to ``cfg.train.steps``."""
+    return Trainer(cfg, data, out_dir, resume=resume, progress=progress, log=log).fit()
