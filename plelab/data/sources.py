@@ -83,9 +83,14 @@ def read_parquet(path: Path, text_field: str) -> list[str]:
     except ImportError:
         raise PlelabError(f"reading {path} needs pyarrow: pip install pyarrow") from None
     try:
-        table = pq.read_table(path, columns=[text_field])
-    except KeyError:
-        raise PlelabError(f"{path} has no column {text_field!r}; choose the text column with --text-field") from None
+        pf = pq.ParquetFile(path)
+        names = pf.schema_arrow.names
+        if text_field not in names:
+            raise PlelabError(f"{path} has no column {text_field!r} (columns: {', '.join(names)}); "
+                              "choose the text column with --text-field")
+        table = pf.read(columns=[text_field])
+    except PlelabError:
+        raise
     except Exception as err:  # pyarrow raises ArrowInvalid / OSError for damaged files
         raise PlelabError(f"cannot read Parquet file {path}: {str(err).splitlines()[0]}") from None
     return [t.strip() for t in table.column(text_field).to_pylist() if isinstance(t, str) and t.strip()]

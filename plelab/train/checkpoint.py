@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from plelab.errors import PlelabError
+from plelab.faults import maybe_fault
 from plelab.io import write_json
 
 FORMAT = "plelab-checkpoint-v1"
@@ -48,7 +49,7 @@ def gather_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[di
     """Full model and optimizer tensors as flat name -> CPU tensor dicts (collective under DDP/FSDP)."""
     msd = get_model_state_dict(model, options=_FULL)
     osd = get_optimizer_state_dict(model, opt, options=_FULL)
-    flat = {f"{name}.{k}": v for name, st in osd["state"].items() for k, v in st.items() if torch.is_tensor(v)}
+    flat = {f"{name}.{k}": v for name, st in osd.get("state", {}).items() for k, v in st.items() if torch.is_tensor(v)}
     return ({k: v.detach().contiguous() for k, v in msd.items()},
             {k: v.detach().reshape(v.shape).contiguous() for k, v in flat.items()})
 
@@ -66,6 +67,7 @@ def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["rng.cuda"] = torch.cuda.get_rng_state()
     save_file(model_tensors, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
+    maybe_fault("mid_checkpoint", step)
     save_file({**opt_tensors, **rng}, str(tmp / "optimizer.safetensors"), metadata={"format": FORMAT})
     write_json(tmp / "state.json", {"format": FORMAT, "step": step, **state})
     if final.exists():  # a re-save of the same step (resume that ended exactly here)

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from plelab.config.schema import RunConfig
 from plelab.data.tokens import PackedSampler, TokenData, val_windows
 from plelab.errors import PlelabError
+from plelab.faults import maybe_fault
 from plelab.io import write_json
 from plelab.model.accounting import flops_per_token
 from plelab.model.init import build_model
@@ -94,6 +95,7 @@ class Trainer:
             raise PlelabError(f"{run} already holds a run (config.json); pass --resume to continue it, "
                               "or choose another --out")
         latest = ckpt.list_checkpoints(run)[-1] if resume and ckpt.list_checkpoints(run) else None
+        barrier(self.dist)  # every rank has looked before rank 0 writes
         if main:
             try:
                 run.mkdir(parents=True, exist_ok=True)
@@ -201,6 +203,7 @@ class Trainer:
         try:
             while self.step < tc.steps:
                 row = self.train_step()
+                maybe_fault("after_step", self.step)
                 result.train_losses.append(row["loss"])
                 if self.step % tc.eval_every == 0 or self.step == tc.steps:
                     row["val_loss"] = self.evaluate()

@@ -1,0 +1,106 @@
+"""Users' data: every supported format for real, and a one-line error for every bad input."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plelab.data import load_corpus, user_corpus
+from plelab.data.pipeline import prepare_data
+from plelab.config import resolve_config
+from plelab.errors import PlelabError
+
+TEXTS = [f"Record {i}: per-layer embeddings give every layer its own lookup of token {i % 13}." for i in range(50)]
+
+
+def test_text_file_and_folder(tmp_path):
+    (tmp_path / "a.txt").write_text("\n\n".join(TEXTS[:25]))
+    (tmp_path / "b.md").write_text("\n\n".join(TEXTS[25:]))
+    (tmp_path / "ignored.bin").write_bytes(b"\x00\x01")
+    folder = user_corpus(tmp_path)
+    single = user_corpus(tmp_path / "a.txt")
+    assert "".join(folder.documents).count("Record") == 50
+    assert "".join(single.documents).count("Record") == 25
+
+
+def test_jsonl_with_text_field(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps({"body": t, "id": i}) for i, t in enumerate(TEXTS)) + "\n\n")
+    assert user_corpus(path, text_field="body").documents == TEXTS
+    with pytest.raises(PlelabError, match="line 1 has no field 'text'; choose the text field with --text-field"):
+        user_corpus(path)
+
+
+def test_parquet_and_hf_datasets_folder(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"content": TEXTS}), tmp_path / "d.parquet")
+    assert user_corpus(tmp_path / "d.parquet", text_field="content").documents == TEXTS
+    with pytest.raises(PlelabError, match="has no column 'text'"):
+        user_corpus(tmp_path / "d.parquet")
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": TEXTS}).save_to_disk(str(tmp_path / "hf"))
+    assert user_corpus(tmp_path / "hf").documents == TEXTS
+    with pytest.raises(PlelabError, match=r"no column 'body' \(columns: text\)"):
+        user_corpus(tmp_path / "hf", text_field="body")
+
+
+@pytest.mark.parametrize("name, content, needle", [
+    ("empty.txt", b"", "holds no text"),
+    ("blank.txt", b"\n\n   \n", "holds no text"),
+    ("binary.txt", b"abc\x00\x01\x02def", "looks binary"),
+    ("latin1.txt", "café".encode("latin-1"), "is not UTF-8 (invalid byte at offset 3)"),
+    ("bad.jsonl", b'{"text": "ok"}\n{"text": broken}\n', "line 2 is not valid JSON"),
+    ("typed.jsonl", b'{"text": 5}\n', "field 'text' is int, not text"),
+    ("bad.parquet", b"PAR1 not really parquet", "cannot read Parquet file"),
+])
+def test_bad_inputs_name_the_file_and_the_problem(tmp_path, name, content, needle):
+    if name.endswith(".parquet"):
+        pytest.importorskip("pyarrow")
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(PlelabError) as info:
+        user_corpus(path)
+    msg = str(info.value)
+    assert needle in msg and "\n" not in msg
+    if "holds no text" not in msg:
+        assert name in msg
+
+
+def test_missing_unreadable_and_empty_folder(tmp_path, monkeypatch):
+    with pytest.raises(PlelabError, match="does not exist"):
+        load_corpus(str(tmp_path / "nope.txt"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PlelabError, match="has no .txt/.md/.text/.jsonl/.parquet files"):
+        user_corpus(tmp_path / "empty")
+    locked = tmp_path / "locked.txt"
+    locked.write_text("secret")
+
+    def deny(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", deny)
+    with pytest.raises(PlelabError, match="cannot read .*locked.txt: Permission denied"):
+        user_corpus(locked)
+
+
+def test_supplied_tokenizer_json_is_used_and_checked(tmp_path, tiny_data):
+    from plelab.data import get_tokenizer, train_tokenizer
+
+    corpus = user_corpus_from(tmp_path)
+    tok = train_tokenizer(corpus, 300, show_progress=False)
+    tok.save(str(tmp_path / "tok.json"))
+    cfg = resolve_config("cpu-tiny", [f"data.path={tmp_path / 'c.txt'}", f"data.tokenizer={tmp_path / 'tok.json'}"])
+    data = prepare_data(cfg, progress=False)
+    assert int(max(data.train.max(), data.val.max())) < 300
+    with pytest.raises(PlelabError, match="has 300 entries but model.vocab_size=256"):
+        get_tokenizer(corpus, 256, str(tmp_path / "tok.json"))
+    (tmp_path / "junk.json").write_text("{not json")
+    with pytest.raises(PlelabError, match="cannot load tokenizer"):
+        get_tokenizer(corpus, 512, str(tmp_path / "junk.json"))
+
+
+def user_corpus_from(tmp_path):
+    (tmp_path / "c.txt").write_text("\n\n".join(TEXTS * 20))
+    return user_corpus(tmp_path / "c.txt")

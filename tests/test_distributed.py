@@ -1,0 +1,42 @@
+"""torchrun with 2 CPU processes (gloo): DDP and FSDP2 follow the 1-process loss curve."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ARGS = ["train", "--preset", "cpu-tiny", "--steps", "6", "--no-progress", "--set", "train.eval_every=3",
+        "--set", "train.grad_accum=2"]
+
+
+def _losses(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _launch(out, nproc, *extra):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "plelab", *ARGS, "--out", str(out), *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return _losses(out)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    return _launch(tmp_path_factory.mktemp("one") / "run", 1)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_processes_match_one_process(single, tmp_path, mode):
+    two = _launch(tmp_path / "run", 2, "--set", f"train.parallel={mode}")
+    assert [r["step"] for r in two] == [r["step"] for r in single] == list(range(1, 7))
+    for a, b in zip(single, two):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-4)
+        if "val_loss" in a:
+            assert b["val_loss"] == pytest.approx(a["val_loss"], abs=1e-4)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["tokens_seen"] == 6 * 8 * 64
+    assert (tmp_path / "run" / "checkpoints" / "step-000006" / "model.safetensors").exists()
