@@ -106,7 +106,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.preset is not None and args.preset != cfg.preset:
             raise ConfigError(f"--preset {args.preset} differs from the run's preset {cfg.preset}; "
                               "drop --preset when resuming")
-        for key, value in (("ple.dim", args.dp), ("ple.gate", args.gate), ("seed", args.seed), ("train.steps", args.steps)):
+        given = (("ple.dim", args.dp), ("ple.gate", args.gate), ("seed", args.seed), ("train.steps", args.steps))
+        for key, value in given:
             if value is not None:
                 set_value(cfg, key, value, from_text=isinstance(value, str))
         cfg = apply_overrides(cfg, args.overrides).validate()
@@ -153,14 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("presets", help="list the named presets with their parameter counts")
     p.set_defaults(func=cmd_presets)
 
-    p = sub.add_parser("train", help="train one model; writes RUN/config.json, metrics.jsonl, checkpoints, summary.json")
+    p = sub.add_parser("train", help="train one model: RUN/config.json, metrics.jsonl, checkpoints, summary.json")
     _config_args(p)
     p.set_defaults(preset=None, func=cmd_train)
     p.add_argument("--dp", help="dP (ple.dim)")
     p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
     p.add_argument("--out", required=True, help="run folder to create (or to continue with --resume)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--data", help="your text: a .txt/.md/.jsonl/.parquet file, a folder of them, or a HF datasets folder")
+    p.add_argument("--data", help="your text: .txt/.md/.jsonl/.parquet file, a folder of them, or a HF datasets folder")
     p.add_argument("--text-field", help="JSONL field / Parquet or datasets column holding the text (default 'text')")
     p.add_argument("--tokenizer", help="use this tokenizer.json instead of training a BPE on the corpus")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

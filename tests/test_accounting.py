@@ -5,7 +5,12 @@ import pytest
 from plelab.config import PRESETS, get_preset, resolve_config
 from plelab.model import build_model
 from plelab.model.accounting import (
-    GROUPS, account, closed_form_counts, counts_from_model, flops_per_token, param_groups,
+    GROUPS,
+    account,
+    closed_form_counts,
+    counts_from_model,
+    flops_per_token,
+    param_groups,
 )
 
 # The seed's table (seed 000), exact integers (ple_reference.md §2.2).

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from plelab.config import resolve_config
 from plelab.data import load_corpus, user_corpus
 from plelab.data.pipeline import prepare_data
-from plelab.config import resolve_config
 from plelab.errors import PlelabError
 
 TEXTS = [f"Record {i}: per-layer embeddings give every layer its own lookup of token {i % 13}." for i in range(50)]

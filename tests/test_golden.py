@@ -22,7 +22,8 @@ STEPS = 30
 def test_cpu_tiny_loss_curve_matches_golden(tiny_data):
     cfg = resolve_config("cpu-tiny", steps=STEPS)
     result = train(cfg, tiny_data, progress=False, log=lambda *a: None)
-    current = {"steps": STEPS, "preset": "cpu-tiny", "seed": cfg.seed, "corpus_fingerprint": tiny_data.corpus_fingerprint,
+    current = {"steps": STEPS, "preset": "cpu-tiny", "seed": cfg.seed,
+               "corpus_fingerprint": tiny_data.corpus_fingerprint,
                "train_losses": result.train_losses, "val_history": result.val_history}
     if os.environ.get("PLELAB_UPDATE_GOLDEN"):
         GOLDEN.write_text(json.dumps(current, indent=1) + "\n")

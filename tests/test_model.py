@@ -34,7 +34,8 @@ def test_shapes_and_loss_for_every_gate_variant(gate):
 def test_gate_variants_have_the_seed_and_gemma_tensors():
     names = {g: {n for n, _ in _model(gate=g)[0].named_parameters() if ".layers.0." in n and "per_layer" in n}
              for g in ("gemma", "scalar", "vector", "none")}
-    assert names["gemma"] == {"model.layers.0.per_layer_input_gate.weight", "model.layers.0.per_layer_projection.weight",
+    assert names["gemma"] == {"model.layers.0.per_layer_input_gate.weight",
+                              "model.layers.0.per_layer_projection.weight",
                               "model.layers.0.post_per_layer_input_norm.weight"}
     assert names["scalar"] == {"model.layers.0.per_layer_projection.weight", "model.layers.0.per_layer_gate"}
     assert names["vector"] == names["scalar"]

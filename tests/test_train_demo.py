@@ -7,8 +7,8 @@ import torch
 from plelab.cli import main
 from plelab.config import resolve_config
 from plelab.data import PackedSampler, split_documents, val_windows
-from plelab.train.trainer import train
 from plelab.train.optim import lr_multiplier, optimizer_groups
+from plelab.train.trainer import train
 
 
 def test_split_is_deduplicated_deterministic_and_spread():
@@ -95,3 +95,18 @@ def test_demo_on_user_text_and_bad_data(tmp_path, capsys):
     assert "looks binary" in capsys.readouterr().err
     assert main(["demo", "--preset", "cpu-tiny", "--data", str(tmp_path / "missing.txt")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_train_command_on_user_text(tmp_path, capsys):
+    text = tmp_path / "notes.txt"
+    text.write_text("\n\n".join(f"Note {i}: layer {i % 5} reads its own table row for token {i % 11}."
+                                for i in range(2000)))
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "cpu-tiny", "--steps", "12", "--data", str(text), "--out", str(out),
+                 "--no-progress", "--set", "train.seq_len=32"]) == 0
+    printed = capsys.readouterr().out
+    assert "validation unigram entropy" in printed and "final validation loss" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["data"]["path"] == str(text)
+    assert summary["val_unigram_entropy"] > 0 and summary["steps"] == 12
+    assert len(summary["corpus_fingerprint"]) == 64 and summary["git_commit"]

@@ -67,7 +67,8 @@ def read_jsonl(path: Path, text_field: str) -> list[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise PlelabError(f"{path} line {n} is not valid JSON ({err.msg}); each line must be one JSON object") from None
+            raise PlelabError(f"{path} line {n} is not valid JSON ({err.msg}); "
+                              "each line must be one JSON object") from None
         if not isinstance(record, dict) or text_field not in record:
             raise PlelabError(f"{path} line {n} has no field {text_field!r}; choose the text field with --text-field")
         if not isinstance(record[text_field], str):

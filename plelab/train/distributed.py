@@ -77,7 +77,8 @@ def wrap_model(model: nn.Module, mode: str, info: DistInfo, device: torch.device
     if mode == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+              else MixedPrecisionPolicy())
         for layer in model.model.layers:
             fully_shard(layer, mp_policy=mp)
         if hasattr(model.model, "embed_tokens_per_layer"):

@@ -49,7 +49,8 @@ class MetricSinks:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise PlelabError("train.tensorboard=true needs the tensorboard package: pip install tensorboard") from None
+                raise PlelabError("train.tensorboard=true needs the tensorboard package: "
+                                  "pip install tensorboard") from None
             self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         if wandb_project:
             try:

@@ -171,7 +171,8 @@ class Trainer:
         return {"step": self.step, "loss": loss, "lr": self.opt.param_groups[0]["lr"], "grad_norm": gnorm.item(),
                 "tokens": self.tokens_seen, "epoch": self.sampler.epochs(self.step, tc.batch_size),
                 "tokens_per_second": tps,
-                "mfu": tps * self.flops_per_token / (self.peak_flops * self.dist.world_size) if self.peak_flops else None}
+                "mfu": (tps * self.flops_per_token / (self.peak_flops * self.dist.world_size)
+                        if self.peak_flops else None)}
 
     @torch.no_grad()
     def evaluate(self) -> float:
