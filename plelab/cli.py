@@ -66,7 +66,10 @@ def cmd_params(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     from plelab.config import resolve_config
 
-    dp = _parse_dp_list(args.dp)[0] if args.dp else None
+    dims = _parse_dp_list(args.dp) if args.dp else [None]
+    if len(dims) > 1:
+        raise ConfigError(f"config takes one dP, got --dp {args.dp}; use plelab params for several")
+    dp = dims[0]
     cfg = resolve_config(args.preset, args.overrides, gate=args.gate, seed=args.seed, dp=dp)
     print(json.dumps(cfg.to_dict(), indent=2))
     return 0
@@ -97,12 +100,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from plelab.train.distributed import init_distributed, shutdown
     from plelab.train.trainer import Trainer
 
+    if not args.out.strip():
+        raise ConfigError("--out is empty; name the run folder, e.g. --out runs/my-run")
     saved = Path(args.out) / "config.json"
     if args.resume and saved.exists():
         try:
             cfg = RunConfig.from_dict(json.loads(saved.read_text()))
-        except ValueError as err:
-            raise ConfigError(f"{saved} is not valid JSON ({err}); fix it or start a new --out") from None
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"cannot read {saved} ({err}); fix it or start a new --out") from None
         if args.preset is not None and args.preset != cfg.preset:
             raise ConfigError(f"--preset {args.preset} differs from the run's preset {cfg.preset}; "
                               "drop --preset when resuming")

@@ -11,9 +11,15 @@ from pathlib import Path
 
 def cache_dir(*parts: str) -> Path:
     """``$PLELAB_CACHE`` (default ``~/.cache/plelab``) joined with ``parts``, created if missing."""
+    from plelab.errors import PlelabError
+
     root = Path(os.environ.get("PLELAB_CACHE") or Path.home() / ".cache" / "plelab")
     path = root.joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise PlelabError(f"cannot create the cache folder {path}: {err.strerror or err}; "
+                          "set PLELAB_CACHE to a writable folder") from None
     return path
 
 

@@ -25,9 +25,10 @@ def _run(out: Path, *extra: str, fault: str | None = None) -> subprocess.Complet
                           capture_output=True, text=True, env=env, timeout=300)
 
 
-def _losses(run: Path) -> list[tuple[int, float, float | None]]:
+def _losses(run: Path) -> list[dict]:
+    """Every metrics row without the wall-clock fields."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["loss"], r.get("val_loss")) for r in rows]
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_second", "mfu")} for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +107,16 @@ def test_damaged_checkpoints_give_one_line_errors(reference, tmp_path, capsys):
 
 def test_resume_with_another_config_is_refused(reference, tmp_path, capsys):
     run = _copy_run(reference, tmp_path / "other")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     assert main([*TRAIN, "--out", str(run), "--resume", "--dp", "32"]) == 2
     err = capsys.readouterr().err
     assert "trained with a different ple" in err and err.count("\n") == 1
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing touched
+    text = tmp_path / "other.txt"
+    text.write_text("\n\n".join(f"Another corpus, line {i}." for i in range(3000)))
+    assert main([*TRAIN, "--out", str(run), "--resume", "--data", str(text),
+                 "--set", "model.vocab_size=512"]) == 2
+    assert "trained on another corpus" in capsys.readouterr().err
     assert main([*TRAIN, "--out", str(run), "--resume", "--preset", "cpu-small"]) == 2
     assert "differs from the run's preset" in capsys.readouterr().err
 
@@ -123,3 +131,30 @@ def test_loading_weights_of_another_shape_is_refused(reference, tmp_path):
     model = build_model(cfg.model, cfg.ple)
     with pytest.raises(PlelabError, match=r"embed_tokens_per_layer.weight has shape \(512, 32\).*expects \(512, 64\)"):
         load_model_weights(model, list_checkpoints(reference)[-1])
+
+
+def test_finished_run_and_end_only_checkpoints(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--preset", "cpu-tiny", "--steps", "7", "--no-progress", "--out", str(out),
+            "--set", "train.checkpoint_every=0"]
+    assert main(args) == 0
+    assert [p.name for p in list_checkpoints(out)] == ["step-000007"]
+    summary = (out / "summary.json").read_bytes()
+    capsys.readouterr()
+    assert main(args + ["--resume"]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert (out / "summary.json").read_bytes() == summary
+    assert main(["train", "--out", " ", "--preset", "cpu-tiny"]) == 2
+    assert "--out is empty" in capsys.readouterr().err
+
+
+def test_partial_last_metrics_line_is_dropped_on_resume(reference, tmp_path):
+    run = _copy_run(reference, tmp_path / "partial")
+    import shutil
+
+    shutil.rmtree(list_checkpoints(run)[-1])  # resume from step 40
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 46, "loss": 1.2')  # a line cut short by a crash
+    proc = _run(run, "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert _losses(run) == _losses(reference)

@@ -15,11 +15,14 @@ def _losses(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def _launch(out, nproc, *extra):
+def _launch(out, nproc, *extra, fault=None):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "plelab", *ARGS, "--out", str(out), *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **({"PLELAB_FAULT": fault} if fault else {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    if fault:
+        assert proc.returncode != 0
+        return None
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _losses(out)
 
@@ -40,3 +43,12 @@ def test_two_processes_match_one_process(single, tmp_path, mode):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["tokens_seen"] == 6 * 8 * 64
     assert (tmp_path / "run" / "checkpoints" / "step-000006" / "model.safetensors").exists()
+
+
+def test_ddp_killed_then_resumed_follows_the_same_curve(single, tmp_path):
+    out = tmp_path / "run"
+    _launch(out, 2, "--set", "train.checkpoint_every=3", fault="after_step:5")  # both ranks SIGKILLed
+    resumed = _launch(out, 2, "--resume")
+    for a, b in zip(single, resumed):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-4)
+    assert [r["step"] for r in resumed] == list(range(1, 7))

@@ -6,13 +6,13 @@ from plelab.config.schema import GATE_KINDS, DataConfig, ModelConfig, PLEConfig,
 
 
 def resolve_config(preset: str = "cpu-tiny", overrides: list[str] | None = None, **shortcuts) -> RunConfig:
-    """Preset -> shortcuts (e.g. ``dp=64`` for ``ple.dim``) -> ``section.key=value`` overrides -> validate."""
+    """Preset -> ``section.key=value`` overrides -> shortcuts (``dp=64`` for ``ple.dim``; they win) -> validate."""
     cfg = get_preset(preset)
+    apply_overrides(cfg, overrides or [])
     keys = {"dp": "ple.dim", "gate": "ple.gate", "seed": "seed", "steps": "train.steps"}
     for name, value in shortcuts.items():
         if value is not None:
             set_value(cfg, keys[name], value, from_text=isinstance(value, str))
-    apply_overrides(cfg, overrides or [])
     return cfg.validate()
 
 

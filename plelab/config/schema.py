@@ -15,6 +15,7 @@ from typing import Literal
 from plelab.errors import ConfigError
 
 GateKind = Literal["gemma", "scalar", "vector", "none"]
+TableIds = Literal["token", "iid"]
 Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
 GATE_KINDS: tuple[str, ...] = ("gemma", "scalar", "vector", "none")
@@ -90,6 +91,9 @@ class PLEConfig:
     gate_init: float = 1.0
     # Std of the per-layer table's init; None means model.initializer_range.
     table_init_std: float | None = None
+    # What keys the table: "token" (the real ids), or "iid" — a null control whose ids are drawn
+    # i.i.d. for every occurrence from the real ids' frequencies, so that they carry no information.
+    ids: TableIds = "token"
 
     @property
     def enabled(self) -> bool:
@@ -103,6 +107,7 @@ class PLEConfig:
         _require(self.vocab_size is None or self.vocab_size >= 2, "ple.vocab_size", self.vocab_size,
                  "an integer >= 2, or none for model.vocab_size")
         _require(self.gate in GATE_KINDS, "ple.gate", self.gate, " | ".join(GATE_KINDS))
+        _require(self.ids in ("token", "iid"), "ple.ids", self.ids, "token | iid")
         _require(self.table_init_std is None or self.table_init_std > 0, "ple.table_init_std",
                  self.table_init_std, "a number > 0, or none for model.initializer_range")
 

@@ -13,7 +13,8 @@ from plelab.data.tokens import TokenData, prepare_tokens
 
 
 def prepare_data(cfg: RunConfig, progress: bool = True, dist=None) -> TokenData:
-    from plelab.train.distributed import DistInfo, barrier
+    from plelab.errors import PlelabError
+    from plelab.train.distributed import DistInfo, all_ranks_ok
 
     dist = dist or DistInfo()
 
@@ -23,8 +24,13 @@ def prepare_data(cfg: RunConfig, progress: bool = True, dist=None) -> TokenData:
         return prepare_tokens(corpus, tok, cfg.data.val_fraction)
 
     if dist.is_main:
-        data = build()
-        barrier(dist)
+        try:
+            data = build()
+        except PlelabError:
+            all_ranks_ok(False, dist)  # release the other ranks, then report here
+            raise
+        all_ranks_ok(True, dist)
         return data
-    barrier(dist)
+    if not all_ranks_ok(True, dist):
+        raise PlelabError("rank 0 could not prepare the data (its message says why)")
     return build()

@@ -36,11 +36,29 @@ def _decode(path: Path, data: bytes) -> str:
         raise PlelabError(f"{path} is not UTF-8 (invalid byte at offset {err.start}); convert it to UTF-8") from None
 
 
+def _pieces(text: str, min_chars: int):
+    """Blank-line-separated paragraphs; a paragraph longer than ``min_chars`` (e.g. a file with one
+    sentence per line and no blank lines) is cut further at line ends."""
+    for para in text.replace("\r\n", "\n").replace("\r", "\n").split("\n\n"):
+        if len(para) <= min_chars:
+            yield para
+            continue
+        buf, size = [], 0
+        for line in para.split("\n"):
+            buf.append(line)
+            size += len(line) + 1
+            if size >= min_chars:
+                yield "\n".join(buf)
+                buf, size = [], 0
+        if buf:
+            yield "\n".join(buf)
+
+
 def chunk_paragraphs(text: str, min_chars: int = 2000) -> list[str]:
-    """Group consecutive blank-line-separated paragraphs into documents of >= ``min_chars``, so that
-    one long file still gives a validation split drawn from all of it."""
+    """Group consecutive paragraphs into documents of >= ``min_chars``, so that one long file still
+    gives a validation split drawn from all of it."""
     docs, buf, size = [], [], 0
-    for para in text.split("\n\n"):
+    for para in _pieces(text, min_chars):
         para = para.strip()
         if not para:
             continue

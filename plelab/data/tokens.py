@@ -53,6 +53,13 @@ class TokenData:
     n_val_docs: int
     n_duplicates: int
 
+    def train_counts(self, size: int) -> np.ndarray:
+        """How often each id occurs in the training stream; ids >= ``size`` are counted at 0 (as the
+        per-layer table maps them)."""
+        counts = np.bincount(np.asarray(self.train), minlength=size).astype(np.int64)
+        counts[0] += counts[size:].sum()
+        return counts[:size]
+
     def unigram_entropy(self, vocab_size: int) -> float:
         """Entropy (nats) of the validation split's unigram distribution: a model that ignores
         context cannot beat it on that split."""
@@ -81,7 +88,7 @@ def prepare_tokens(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> Token
     """Split, tokenise once (cached by corpus, tokenizer and fraction) and memory-map the streams."""
     train_docs, val_docs, dups = split_documents(corpus.documents, val_fraction)
     tok_hash = hashlib.sha256(tok.to_str().encode()).hexdigest()[:12]
-    folder = cache_dir("tokens", f"{corpus.fingerprint[:16]}-{tok_hash}-val{val_fraction:g}")
+    folder = cache_dir("tokens", f"{corpus.fingerprint[:16]}-{tok_hash}-val{val_fraction!r}")
     arrays = {}
     for split, docs in (("train", train_docs), ("val", val_docs)):
         path = folder / f"{split}.npy"

@@ -50,6 +50,15 @@ def init_spec(model: PLECausalLM) -> dict[str, tuple[str, float]]:
     return spec
 
 
+def initial_normal(name: str, shape: tuple[int, ...], seed: int, std: float) -> torch.Tensor:
+    """The initial value of a normal-initialised parameter, regenerated exactly (CPU, fp32).
+
+    The diagnostics use it to recover W_0 of a table from the run's seed alone.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(param_seed(seed, name))
+    return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
+
+
 @torch.no_grad()
 def init_weights(model: PLECausalLM, seed: int) -> PLECausalLM:
     """Fill every parameter in place from its own seeded generator (values drawn on CPU in fp32)."""
@@ -57,9 +66,7 @@ def init_weights(model: PLECausalLM, seed: int) -> PLECausalLM:
     for name, param in model.named_parameters():
         kind, value = spec[name]
         if kind == "normal":
-            gen = torch.Generator(device="cpu").manual_seed(param_seed(seed, name))
-            cpu = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, value, generator=gen)
-            param.copy_(cpu)
+            param.copy_(initial_normal(name, tuple(param.shape), seed, value))
         else:
             param.fill_(value)
     return model

@@ -50,6 +50,8 @@ class DecoderLayer(nn.Module):
                 self.post_per_layer_input_norm = RMSNorm(H, mc.rms_norm_eps)
             elif pc.gate in ("scalar", "vector"):
                 self.per_layer_gate = nn.Parameter(torch.empty(1 if pc.gate == "scalar" else H))
+        # Diagnostics hook: called as probe(layer, h, per_layer_input, branch) when set.
+        self.probe = None
 
     def ple_branch(self, h: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """The PLE update added to the residual stream. ``h [B,T,H]``, ``p [B,T,dP]`` -> ``[B,T,H]``.
@@ -70,7 +72,10 @@ class DecoderLayer(nn.Module):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin)
         h = h + self.mlp(self.post_attention_layernorm(h))
         if per_layer_input is not None:
-            h = h + self.ple_branch(h, per_layer_input)
+            branch = self.ple_branch(h, per_layer_input)
+            if self.probe is not None:
+                self.probe(self, h, per_layer_input, branch)
+            h = h + branch
         return h
 
 
@@ -94,6 +99,31 @@ class PLETextModel(nn.Module):
         self.ple_embed_scale = math.sqrt(pc.dim)
         self.per_layer_projection_scale = H ** -0.5
         self.per_layer_input_scale = 2.0 ** -0.5
+        # ple.ids == "iid": frequencies the null ids are drawn from (set by the trainer), and an
+        # optional generator so that paired evaluations draw the same ids.
+        self.iid_probs: torch.Tensor | None = None
+        self.iid_generator: torch.Generator | None = None
+        # Diagnostics: the rows looked up by the last forward, and a probe(c, z) hook.
+        self.last_table_ids: torch.Tensor | None = None
+        self.probe = None
+
+    def table_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The rows of ``embed_tokens_per_layer`` that ``input_ids [B,T]`` look up (ids >= Vp -> 0)."""
+        if self.pc.ids == "iid":
+            if self.iid_probs is None:
+                raise RuntimeError("ple.ids='iid' needs the id frequencies: call set_iid_frequencies(counts) first")
+            draws = torch.multinomial(self.iid_probs, input_ids.numel(), replacement=True,
+                                      generator=self.iid_generator)
+            ids = draws.view(input_ids.shape).to(input_ids.device)
+        else:
+            ids = torch.where(input_ids < self.ple_vocab_size, input_ids, torch.zeros_like(input_ids))
+        self.last_table_ids = ids
+        return ids
+
+    def set_iid_frequencies(self, counts: torch.Tensor) -> None:
+        """Id frequencies (``[Vp]`` counts of the real ids) for ``ple.ids == "iid"``."""
+        counts = counts.to(torch.float64)
+        self.iid_probs = (counts / counts.sum()).float()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``e = sqrt(H)·E[x]``: ``[B,T]`` -> ``[B,T,H]``."""
@@ -101,8 +131,7 @@ class PLETextModel(nn.Module):
 
     def per_layer_token_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token-identity part ``z = sqrt(dP)·T[x̃]``, ids >= Vp mapped to 0: ``[B,T]`` -> ``[B,T,L,dP]``."""
-        ids = torch.where(input_ids < self.ple_vocab_size, input_ids, torch.zeros_like(input_ids))
-        z = self.embed_tokens_per_layer(ids) * self.ple_embed_scale
+        z = self.embed_tokens_per_layer(self.table_ids(input_ids)) * self.ple_embed_scale
         return z.view(*input_ids.shape, self.mc.num_hidden_layers, self.pc.dim)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor,
@@ -114,6 +143,8 @@ class PLETextModel(nn.Module):
         c = self.per_layer_model_projection(inputs_embeds) * self.per_layer_projection_scale
         c = self.per_layer_projection_norm(c.view(*inputs_embeds.shape[:-1], self.mc.num_hidden_layers, self.pc.dim))
         z = self.per_layer_token_embeddings(input_ids) if token_part is None else token_part
+        if self.probe is not None:
+            self.probe(c, z)
         return (c + z) * self.per_layer_input_scale
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

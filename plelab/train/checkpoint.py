@@ -37,7 +37,12 @@ from plelab.io import write_json
 
 FORMAT = "plelab-checkpoint-v1"
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
+# Gathering for a save: full tensors, offloaded to CPU on rank 0 (other ranks get empty dicts).
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# Loading: every rank reads the files and passes full tensors; FSDP2 keeps its own shard.
+_FULL_ALL_RANKS = StateDictOptions(full_state_dict=True)
+_STATE_KEYS = ("step", "tokens_seen", "val_history", "config", "recent_train_losses", "wall_seconds",
+               "corpus_fingerprint")
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -106,13 +111,17 @@ def read_state(ckpt: Path) -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise PlelabError(f"{ckpt} has format {state.get('format') if isinstance(state, dict) else None!r}, "
                           f"expected {FORMAT}; it was not written by this plelab")
+    missing = [k for k in _STATE_KEYS if k not in state]
+    if missing:
+        raise PlelabError(f"checkpoint state {path} lacks {missing[0]!r}; the checkpoint is damaged — delete it "
+                          "to resume from the previous one")
     return state
 
 
 def load_model_weights(model: torch.nn.Module, ckpt: Path) -> None:
     """Load ``model.safetensors`` into ``model`` (plain, DDP-wrapped or FSDP2-sharded), checking names and shapes."""
     tensors = _load_tensors(Path(ckpt) / "model.safetensors")
-    expected = get_model_state_dict(model, options=_FULL)
+    expected = {name: p for name, p in model.named_parameters()}
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
@@ -122,23 +131,28 @@ def load_model_weights(model: torch.nn.Module, ckpt: Path) -> None:
         if tuple(t.shape) != tuple(expected[name].shape):
             raise PlelabError(f"checkpoint {ckpt} does not fit this model: {name} has shape {tuple(t.shape)}, "
                               f"the model expects {tuple(expected[name].shape)} (another config)")
-    set_model_state_dict(model, tensors, options=StateDictOptions(full_state_dict=True))
+    set_model_state_dict(model, tensors, options=_FULL_ALL_RANKS)
 
 
 def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path) -> None:
     """Restore AdamW moments and step counts, and the RNG states."""
     tensors = _load_tensors(Path(ckpt) / "optimizer.safetensors")
-    osd = get_optimizer_state_dict(model, opt, options=_FULL)
+    osd = get_optimizer_state_dict(model, opt, options=_FULL_ALL_RANKS)
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     names = [n for group in osd["param_groups"] for n in group["params"]]
     state = {}
     for name in names:
         entry = {k: tensors[f"{name}.{k}"] for k in ("step", "exp_avg", "exp_avg_sq") if f"{name}.{k}" in tensors}
         if entry and len(entry) != 3:
             raise PlelabError(f"optimizer state for {name} in {ckpt} is incomplete; the checkpoint is damaged")
+        for k in ("exp_avg", "exp_avg_sq"):
+            if entry and tuple(entry[k].shape) != shapes[name]:
+                raise PlelabError(f"optimizer state {name}.{k} in {ckpt} has shape {tuple(entry[k].shape)}, "
+                                  f"the model expects {shapes[name]}; the checkpoint does not fit this config")
         if entry:
             state[name] = entry
     set_optimizer_state_dict(model, opt, {"state": state, "param_groups": osd["param_groups"]},
-                             options=StateDictOptions(full_state_dict=True))
+                             options=_FULL_ALL_RANKS)
     if "rng.torch_cpu" in tensors:
         torch.set_rng_state(tensors["rng.torch_cpu"])
     if "rng.cuda" in tensors and torch.cuda.is_available():

@@ -52,6 +52,15 @@ def barrier(info: DistInfo) -> None:
         dist.barrier()
 
 
+def all_ranks_ok(ok: bool, info: DistInfo) -> bool:
+    """True on every rank iff ``ok`` is true on every rank (so that an error on rank 0 stops all)."""
+    if not info.enabled:
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 def mean_across_ranks(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """All-reduce average of a scalar tensor (identity for one process)."""
     if info.enabled:

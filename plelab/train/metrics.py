@@ -31,15 +31,33 @@ def gpu_peak_flops(device: torch.device) -> float | None:
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep only rows with ``step <= last_step`` (atomic rewrite)."""
+    """Keep only rows with ``step <= last_step`` (atomic rewrite). A line cut short by a crash
+    (not valid JSON) is dropped."""
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    keep = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= last_step:
+            keep.append(line)
     atomic_write(path, lambda p: p.write_text("".join(line + "\n" for line in keep)))
 
 
 class MetricSinks:
     """Append-only JSONL plus optional TensorBoard / W&B writers (rank 0 only)."""
+
+    @staticmethod
+    def check_available(tc) -> None:
+        """Fail before anything is written if an asked-for optional sink is not installed."""
+        import importlib.util
+
+        if tc.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise PlelabError("train.tensorboard=true needs the tensorboard package: pip install tensorboard")
+        if tc.wandb_project and importlib.util.find_spec("wandb") is None:
+            raise PlelabError("train.wandb_project is set but wandb is not installed: pip install wandb")
 
     def __init__(self, run_dir: Path, tensorboard: bool, wandb_project: str | None, config: dict) -> None:
         self.jsonl = (run_dir / "metrics.jsonl").open("a")

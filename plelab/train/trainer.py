@@ -29,7 +29,14 @@ from plelab.model.init import build_model
 from plelab.provenance import provenance
 from plelab.runtime import resolve_device, seed_everything, setup_torch
 from plelab.train import checkpoint as ckpt
-from plelab.train.distributed import DistInfo, barrier, init_distributed, mean_across_ranks, wrap_model
+from plelab.train.distributed import (
+    DistInfo,
+    all_ranks_ok,
+    barrier,
+    init_distributed,
+    mean_across_ranks,
+    wrap_model,
+)
 from plelab.train.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
 from plelab.train.optim import build_optimizer, lr_multiplier, set_lr
 
@@ -75,6 +82,9 @@ class Trainer:
         self.micro_batch = tc.batch_size // per_step
         self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and self.device.type == "cuda")
         self.model = build_model(cfg.model, cfg.ple, seed=cfg.seed, device=self.device)
+        if cfg.ple.enabled and cfg.ple.ids == "iid":
+            vp = cfg.ple.resolved_vocab_size(cfg.model)
+            self.model.model.set_iid_frequencies(torch.from_numpy(data.train_counts(vp)).to(self.device))
         self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device, self.bf16)
         self.opt = build_optimizer(self.model, tc)
         self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
@@ -84,41 +94,55 @@ class Trainer:
         self.peak_flops = gpu_peak_flops(self.device)
         self.step, self.tokens_seen, self.wall_before = 0, 0, 0.0
         self.val_history: list[tuple[int, float]] = []
+        self.recent_losses: list[float] = []  # the last eval_every train losses (for the train–val gap)
         self.sinks = None
         if self.run_dir is not None:
             self._open_run(resume)
 
     # ---- run folder, resume ------------------------------------------------------------------
     def _open_run(self, resume: bool) -> None:
+        """Check everything first (every rank, nothing written), then rank 0 writes."""
         run, main = self.run_dir, self.dist.is_main
-        if (run / "config.json").exists() and not resume:
-            raise PlelabError(f"{run} already holds a run (config.json); pass --resume to continue it, "
+        held = [n for n in ("config.json", "metrics.jsonl", "checkpoints") if (run / n).exists()]
+        if held and not resume:
+            raise PlelabError(f"{run} already holds a run ({held[0]}); pass --resume to continue it, "
                               "or choose another --out")
-        latest = ckpt.list_checkpoints(run)[-1] if resume and ckpt.list_checkpoints(run) else None
-        barrier(self.dist)  # every rank has looked before rank 0 writes
-        if main:
-            try:
-                run.mkdir(parents=True, exist_ok=True)
-                write_json(run / "config.json", self.cfg.to_dict())
-            except OSError as err:
-                raise PlelabError(f"cannot write to output folder {run}: {err.strerror or err}") from None
-        if latest is not None:
-            state = ckpt.read_state(latest)
+        found = ckpt.list_checkpoints(run) if resume else []
+        latest = found[-1] if found else None
+        state = ckpt.read_state(latest) if latest is not None else None
+        if state is not None:
             saved, now = state["config"], self.cfg.to_dict()
             for key in _RESUME_KEYS:
                 if _lookup(saved, key) != _lookup(now, key):
                     raise PlelabError(f"cannot resume {run}: its checkpoint was trained with a different {key}; "
                                       "resume with the run's own config or start a new --out")
+            if state["corpus_fingerprint"] != self.data.corpus_fingerprint:
+                raise PlelabError(f"cannot resume {run}: it was trained on another corpus (sha256 "
+                                  f"{state['corpus_fingerprint'][:12]}…, now {self.data.corpus_fingerprint[:12]}…); "
+                                  "pass the run's own --data")
+        MetricSinks.check_available(self.cfg.train)
+        barrier(self.dist)  # every rank has checked before rank 0 writes
+        ok = True
+        if main:
+            try:
+                run.mkdir(parents=True, exist_ok=True)
+                write_json(run / "config.json", self.cfg.to_dict())
+            except OSError as err:
+                ok, why = False, f"cannot write to output folder {run}: {err.strerror or err}"
+        if not all_ranks_ok(ok, self.dist):
+            raise PlelabError(why if main else f"rank 0 could not write to {run}")
+        if state is not None:
             ckpt.load_model_weights(self.model, latest)
             ckpt.load_optimizer_state(self.model, self.opt, latest)
             self.step, self.tokens_seen = state["step"], state["tokens_seen"]
             self.val_history = [tuple(v) for v in state["val_history"]]
-            self.wall_before = state.get("wall_seconds", 0.0)
+            self.recent_losses = list(state["recent_train_losses"])
+            self.wall_before = state["wall_seconds"]
             self.log(f"resumed {run} from {latest.name} (step {self.step})")
         elif resume:
             self.log(f"no checkpoint in {run} yet: starting from step 0")
         if main:
-            if latest is not None:
+            if state is not None:
                 truncate_jsonl(run / "metrics.jsonl", self.step)
             else:
                 (run / "metrics.jsonl").unlink(missing_ok=True)
@@ -130,6 +154,7 @@ class Trainer:
         if self.dist.is_main:
             ckpt.save_checkpoint(self.run_dir, self.step, model_t, opt_t, {
                 "tokens_seen": self.tokens_seen, "val_history": self.val_history, "config": self.cfg.to_dict(),
+                "recent_train_losses": self.recent_losses,
                 "wall_seconds": self.wall_before + self._elapsed(), "corpus_fingerprint": self.data.corpus_fingerprint,
                 "world_size": self.dist.world_size}, keep=self.cfg.train.keep_checkpoints)
         barrier(self.dist)
@@ -195,6 +220,13 @@ class Trainer:
     def fit(self) -> TrainResult:
         tc, main = self.cfg.train, self.dist.is_main
         result = TrainResult(val_history=self.val_history)
+        if self.step >= tc.steps:
+            self.log(f"the run is already at step {self.step} of train.steps={tc.steps}: nothing to do "
+                     "(raise --steps to continue it)")
+            if self.sinks is not None:
+                self.sinks.close()
+            result.tokens_seen = self.tokens_seen
+            return result
         self._start = time.perf_counter()
         first_step = self.step
         bar = tqdm(total=tc.steps, initial=self.step, desc=f"{self.cfg.preset} dP={self.cfg.ple.dim}",
@@ -206,11 +238,11 @@ class Trainer:
                 row = self.train_step()
                 maybe_fault("after_step", self.step)
                 result.train_losses.append(row["loss"])
+                self.recent_losses = (self.recent_losses + [row["loss"]])[-tc.eval_every:]
                 if self.step % tc.eval_every == 0 or self.step == tc.steps:
                     row["val_loss"] = self.evaluate()
                     self.val_history.append((self.step, row["val_loss"]))
-                    recent = result.train_losses[-tc.eval_every:]
-                    row["train_val_gap"] = row["val_loss"] - sum(recent) / len(recent)
+                    row["train_val_gap"] = row["val_loss"] - sum(self.recent_losses) / len(self.recent_losses)
                 if main:
                     if self.sinks is not None:
                         self.sinks.write(row)
@@ -218,8 +250,8 @@ class Trainer:
                         say(step_line(row, tc.steps))
                     bar.update(1)
                     bar.set_postfix(loss=f"{row['loss']:.3f}")
-                if self.run_dir is not None and tc.checkpoint_every and (
-                        self.step % tc.checkpoint_every == 0 or self.step == tc.steps):
+                if self.run_dir is not None and (
+                        (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or self.step == tc.steps):
                     self.save_checkpoint()
         finally:
             bar.close()

@@ -1,0 +1,192 @@
+"""``plelab diagnose``: structure, use and verdict for a per-layer table.
+
+For a plelab run or checkpoint everything is available: W_t (the checkpoint), W_0 (regenerated
+exactly from the run's seed), how often each row was looked up (the sampler replayed), the
+model and the validation split (for the use test). For a bare safetensors file only the W_t
+metrics and their nulls can be computed, and the report says so.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from plelab.config.schema import RunConfig
+from plelab.data.tokens import PackedSampler, TokenData, val_windows
+from plelab.diagnostics.structure import (
+    StreamingMoments,
+    gaussian_null,
+    linear_cka,
+    matrix_stats,
+    mp_erank_ratio,
+    mp_pc1,
+    residual_after,
+    unit_rows,
+)
+from plelab.diagnostics.tables import TableSource, find_table
+from plelab.diagnostics.usage import use_metrics
+from plelab.diagnostics.verdict import verdict
+from plelab.errors import PlelabError
+from plelab.model.init import build_model, initial_normal
+from plelab.train.optim import lr_multiplier
+
+TABLE = "model.embed_tokens_per_layer.weight"
+CKA_NULL_DRAWS = 20
+
+
+def row_occurrences(cfg: RunConfig, data: TokenData, steps: int) -> np.ndarray:
+    """How many times each table row was looked up in ``steps`` training steps (sampler replayed).
+
+    For ``ple.ids='iid'`` the draws are random: the expected counts are returned.
+    """
+    tc, vp = cfg.train, cfg.ple.resolved_vocab_size(cfg.model)
+    if cfg.ple.ids == "iid":
+        p = data.train_counts(vp) / max(1, data.train_counts(vp).sum())
+        return p * steps * tc.batch_size * tc.seq_len
+    sampler = PackedSampler(data.train, tc.seq_len, cfg.seed)
+    counts = np.zeros(max(vp, cfg.model.vocab_size), dtype=np.int64)
+    for step in range(steps):
+        x, _ = sampler.batch(step, tc.batch_size)
+        counts += np.bincount(x.reshape(-1).numpy(), minlength=len(counts))
+    counts[0] += counts[vp:].sum()
+    return counts[:vp].astype(np.float64)
+
+
+def weight_decay_shrink(cfg: RunConfig, steps: int) -> float:
+    """α = Π_s (1 − lr_s·wd) of the table group: the part of W_t that is the decayed W_0."""
+    tc = cfg.train
+    lr = tc.lr if tc.table_lr is None else tc.table_lr
+    return math.prod(1 - lr * lr_multiplier(s, tc) * tc.table_weight_decay for s in range(steps))
+
+
+def initial_table(cfg: RunConfig) -> torch.Tensor:
+    vp, L, dP = cfg.ple.resolved_vocab_size(cfg.model), cfg.model.num_hidden_layers, cfg.ple.dim
+    std = cfg.ple.table_init_std if cfg.ple.table_init_std is not None else cfg.model.initializer_range
+    return initial_normal(TABLE, (vp, L * dP), cfg.seed, std).view(vp, L, dP)
+
+
+def _comparable(delta: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
+    """Δ rows with what log-frequency explains removed, then unit-normalised (for cross-seed CKA)."""
+    logf = torch.from_numpy(np.log1p(counts)).double()
+    return unit_rows(residual_after(delta, logf))
+
+
+def cka_against_null(a: torch.Tensor, b: torch.Tensor, counts: np.ndarray, seed: int = 0) -> dict:
+    """Cross-seed CKA of two Δ matrices and its Gaussian null (same shape, same regression)."""
+    value = linear_cka(_comparable(a, counts), _comparable(b, counts))
+    gen = torch.Generator().manual_seed(seed)
+    nulls = [linear_cka(_comparable(torch.randn(a.shape, generator=gen, dtype=torch.float64), counts),
+                        _comparable(torch.randn(a.shape, generator=gen, dtype=torch.float64), counts))
+             for _ in range(CKA_NULL_DRAWS)]
+    return {"cka": value, "null_mean": float(np.mean(nulls)), "null_sd": float(np.std(nulls, ddof=1))}
+
+
+class RunTable:
+    """A plelab run's table with everything needed around it (computed once, shared by comparisons)."""
+
+    def __init__(self, source: TableSource, data: TokenData | None = None) -> None:
+        if source.config is None:
+            raise PlelabError(f"{source.file} is not a plelab run: --reference and --null take plelab runs")
+        from plelab.data.pipeline import prepare_data
+
+        self.source, self.cfg, self.step = source, source.config, source.step
+        self.data = data or prepare_data(self.cfg, progress=False)
+        self.table = source.load()
+        self.counts = row_occurrences(self.cfg, self.data, self.step)
+        self.delta = self.table - weight_decay_shrink(self.cfg, self.step) * initial_table(self.cfg)
+
+
+def _wt_stats_streamed(source: TableSource, progress: bool) -> list[StreamingMoments]:
+    accs = [StreamingMoments(source.rows, source.dim) for _ in range(source.num_layers)]
+    bar = tqdm(total=source.rows, desc="reading table", unit="rows", disable=not progress, leave=False)
+    for _, chunk in source.chunks():
+        for layer, acc in enumerate(accs):
+            acc.update(chunk[:, layer])
+        bar.update(len(chunk))
+    bar.close()
+    return accs
+
+
+def diagnose(path: str | Path, reference: str | Path | None = None, null_run: str | Path | None = None,
+             use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int = 128,
+             progress: bool = True) -> dict:
+    """Everything ``plelab diagnose`` reports, as a JSON-ready dict."""
+    source = find_table(path, num_layers, dim)
+    L, dP = source.num_layers, source.dim
+    report: dict = {"source": str(path), "table_file": str(source.file), "key": source.key, "step": source.step,
+                    "shape": [source.rows, L, dP], "notes": [], "layers": []}
+    accs = _wt_stats_streamed(source, progress)
+    null_all = gaussian_null(source.rows, dP, seed=1)
+    mp = {"erank_ratio": mp_erank_ratio(source.rows, dP), "pc1": mp_pc1(source.rows, dP)}
+    layers = [{"layer": i, "wt_all": acc.finalize().to_dict(), "null_all": null_all.to_dict(), "mp_all": mp}
+              for i, acc in enumerate(accs)]
+    report["layers"] = layers
+    if source.config is None:
+        report["notes"].append("W_t-only report: no W_0, row counts or model are known for a bare safetensors "
+                               "table, so neither STRUCTURE nor USE can be decided (a Gaussian table already "
+                               "has erank ≈ d and mean cos ≈ 0)")
+        for layer in layers:
+            layer["verdict"] = verdict().to_dict()
+        report["table"] = {"verdict": verdict().to_dict()}
+        return report
+
+    run = RunTable(source)
+    ref = RunTable(find_table(reference)) if reference is not None else None
+    nul = RunTable(find_table(null_run)) if null_run is not None else None
+    for other, what in ((ref, "--reference"), (nul, "--null")):
+        if other is not None and other.delta.shape != run.delta.shape:
+            raise PlelabError(f"{what} run's table has shape {list(other.delta.shape)}, this one "
+                              f"{list(run.delta.shape)}; compare runs of the same config")
+    used = run.counts > 0
+    both = used & (ref.counts > 0) if ref is not None else used
+    occ = run.counts[used]
+    report["rows"] = {"total": source.rows, "used": int(used.sum()), "fraction_used": float(used.mean()),
+                      "occurrences_per_used_row": {
+                          "median": float(np.median(occ)), "p10": float(np.percentile(occ, 10)),
+                          "p90": float(np.percentile(occ, 90)), "max": float(occ.max())}}
+    null_used = gaussian_null(int(used.sum()), dP, seed=2)
+    for i, layer in enumerate(layers):
+        layer["wt_used"] = matrix_stats(run.table[used, i]).to_dict()
+        layer["null_used"] = null_used.to_dict()
+        layer["delta_used"] = matrix_stats(run.delta[used, i]).to_dict()
+        if ref is not None:
+            layer.update(cross_seed=cka_against_null(run.delta[both, i], ref.delta[both, i], run.counts[both]))
+        if nul is not None and nul.delta.shape == run.delta.shape:
+            layer["null_run_delta_used"] = matrix_stats(nul.delta[nul.counts > 0, i]).to_dict()
+    table_cka = (cka_against_null(run.delta[both].flatten(1), ref.delta[both].flatten(1), run.counts[both])
+                 if ref is not None else None)
+    use_table: dict | None = None
+    use_layers: dict[int, dict] = {}
+    if use:
+        model = build_model(run.cfg.model, run.cfg.ple, seed=run.cfg.seed)
+        from plelab.train.checkpoint import load_model_weights
+
+        load_model_weights(model, source.checkpoint)
+        if run.cfg.ple.ids == "iid":
+            model.model.set_iid_frequencies(torch.from_numpy(run.data.train_counts(source.rows)))
+        win = val_windows(run.data.val, run.cfg.train.seq_len, windows)
+        base, results = use_metrics(model, win, initial_table(run.cfg), run.counts, batch=16,
+                                    device=torch.device("cpu"), per_layer=True, seed=run.cfg.seed)
+        report["base_val_loss"] = base
+        use_table = {r.kind: r.to_dict() for r in results if r.layer is None}
+        for r in results:
+            if r.layer is not None:
+                use_layers.setdefault(r.layer, {})[r.kind] = r.to_dict()
+    for i, layer in enumerate(layers):
+        cs = layer.get("cross_seed", {})
+        perm = use_layers.get(i, {}).get("permute")
+        layer["use"] = use_layers.get(i)
+        layer["verdict"] = verdict(cs.get("cka"), cs.get("null_mean"), cs.get("null_sd"),
+                                   delta=perm and perm["delta"], se=perm and perm["se"]).to_dict()
+    perm = (use_table or {}).get("permute")
+    reset = (use_table or {}).get("reset")
+    extra = [f"reset-to-init costs {reset['delta']:+.4f}±{reset['se']:.4f} nats"] if reset else []
+    report["table"] = {"cross_seed": table_cka, "use": use_table,
+                       "verdict": verdict(table_cka and table_cka["cka"], table_cka and table_cka["null_mean"],
+                                          table_cka and table_cka["null_sd"], delta=perm and perm["delta"],
+                                          se=perm and perm["se"], extra=extra).to_dict()}
+    return report

@@ -1,0 +1,99 @@
+"""Signal metrics from a live model, per layer: how strong is the injection, and what reaches it?
+
+Collected during a normal forward/backward through the model's probe hooks (no second
+forward), so the trainer can log them every ``train.diag_every`` steps cheaply:
+
+- ``snr``: RMS of the PLE branch output / RMS of the hidden state it is added to;
+- ``table_to_proj``: RMS of the table part z / RMS of the model-projection part c of the
+  per-layer input (before ``(c + z)·2^-½``);
+- ``branch_erank``: effective rank of the injected vectors across ≤ 1,024 tokens;
+- ``gate``: mean |gelu(W_g h)| (gemma) or mean |g| (scalar / vector); absent for none.
+  In the Gemma form the gate is not the signal strength: ``post_per_layer_input_norm``
+  rescales the branch whatever the gate does — read ``snr`` for strength;
+- gradient norms reaching each layer's table slice, gate and projection, and that layer's
+  trunk (attention + MLP) for scale.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from plelab.diagnostics.structure import _erank
+from plelab.model.transformer import PLECausalLM
+
+_MAX_TOKENS = 1024
+
+
+def _rms(x: torch.Tensor) -> float:
+    return float(x.detach().float().pow(2).mean().sqrt())
+
+
+def _full(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.full_tensor() if t is not None and hasattr(t, "full_tensor") else t
+
+
+def _norm(t: torch.Tensor | None) -> float | None:
+    t = _full(t)
+    return None if t is None else float(t.detach().float().norm())
+
+
+class SignalProbe:
+    """Context manager: attach to a PLE model, run forward (+ backward), read ``summary()``."""
+
+    def __init__(self, model: PLECausalLM) -> None:
+        self.model = model
+        L = model.mc.num_hidden_layers
+        self.stats: dict[str, list] = {k: [None] * L for k in ("snr", "branch_erank", "gate", "table_to_proj")}
+
+    def _layer_hook(self, index: int):
+        def probe(layer, h, p, branch) -> None:
+            with torch.no_grad():
+                self.stats["snr"][index] = _rms(branch) / max(_rms(h), 1e-30)
+                rows = branch.detach().reshape(-1, branch.shape[-1])[:_MAX_TOKENS].float()
+                self.stats["branch_erank"][index] = _erank(torch.linalg.svdvals(rows).pow(2))
+                if layer.gate_kind == "gemma":
+                    self.stats["gate"][index] = float(F.gelu(layer.per_layer_input_gate(h), approximate="tanh")
+                                                      .abs().mean())
+                elif layer.gate_kind in ("scalar", "vector"):
+                    self.stats["gate"][index] = float(_full(layer.per_layer_gate).detach().abs().mean())
+        return probe
+
+    def _input_hook(self, c: torch.Tensor, z: torch.Tensor) -> None:
+        with torch.no_grad():
+            zr = z.detach().float().pow(2).mean(dim=(0, 1, 3)).sqrt()
+            cr = c.detach().float().pow(2).mean(dim=(0, 1, 3)).sqrt().clamp_min(1e-30)
+            self.stats["table_to_proj"] = (zr / cr).tolist()
+
+    def __enter__(self) -> SignalProbe:
+        tm = self.model.model
+        tm.probe = self._input_hook
+        for i, layer in enumerate(tm.layers):
+            layer.probe = self._layer_hook(i)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        tm = self.model.model
+        tm.probe = None
+        for layer in tm.layers:
+            layer.probe = None
+
+    def summary(self) -> dict[str, list]:
+        return dict(self.stats)
+
+
+def gradient_norms(model: PLECausalLM) -> dict[str, list]:
+    """Per-layer gradient norms after a backward: table slice, gate, projection and trunk."""
+    tm, dP = model.model, model.pc.dim
+    table_grad = _full(tm.embed_tokens_per_layer.weight.grad)
+    out: dict[str, list] = {"grad_table": [], "grad_gate": [], "grad_proj": [], "grad_trunk": []}
+    for i, layer in enumerate(tm.layers):
+        out["grad_table"].append(None if table_grad is None else
+                                 float(table_grad[:, i * dP:(i + 1) * dP].float().norm()))
+        gate = (layer.per_layer_input_gate.weight if layer.gate_kind == "gemma"
+                else getattr(layer, "per_layer_gate", None))
+        out["grad_gate"].append(None if gate is None else _norm(gate.grad))
+        out["grad_proj"].append(_norm(layer.per_layer_projection.weight.grad))
+        trunk = [_full(p.grad) for m in (layer.self_attn, layer.mlp) for p in m.parameters() if p.grad is not None]
+        out["grad_trunk"].append(float(torch.stack([g.float().norm() for g in trunk]).norm()) if trunk else None)
+    return out

@@ -1,0 +1,168 @@
+"""Structure metrics of an embedding matrix, streamed over row chunks, and their random nulls.
+
+For ``E ∈ R^{N×d}`` (one layer slice of a per-layer table, or its change since init), one
+pass over row chunks accumulates the d×d Gram matrix ``G = EᵀE``, the column sum and the sum
+of unit-normalised rows. From these (``visual_tokenizers_and_diagnostics.md`` §4):
+
+- mean off-diagonal cosine ``(‖Σ u_i‖² − N) / (N(N−1))`` — O(N·d), no N×N matrix;
+- mean |cos| over the pairs of a fixed, evenly spaced sample of ≤ 2,048 rows;
+- effective rank (Roy & Vetterli 2007) ``exp(H(σ/Σσ))`` from the eigenvalues of ``G`` (raw,
+  uncentred) and of the covariance ``G − N μμᵀ`` (centred);
+- PC1 explained variance ``λ₁ / Σλ`` of the covariance (centred).
+
+Nulls: the same metrics of a same-shape i.i.d. Gaussian sample (fixed seed), and the
+Marchenko–Pastur limits for erank/min(N, d) and PC1 ``(√N + √d)² / (N·d)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+SAMPLE_ROWS = 2048
+
+
+@dataclass
+class MatrixStats:
+    n: int
+    d: int
+    mean_cos: float
+    mean_abs_cos: float
+    erank_raw: float
+    erank_centred: float
+    pc1: float
+    mean_row_norm: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _erank(eigenvalues: torch.Tensor) -> float:
+    sigma = eigenvalues.clamp_min(0).sqrt()
+    total = sigma.sum()
+    if total <= 0:
+        return 0.0
+    p = sigma / total
+    p = p[p > 0]
+    return float(torch.exp(-(p * p.log()).sum()))
+
+
+class StreamingMoments:
+    """Accumulates what the metrics need from row chunks of an ``[N, d]`` matrix (float64)."""
+
+    def __init__(self, n: int, d: int) -> None:
+        self.n_expected, self.d = n, d
+        self.gram = torch.zeros(d, d, dtype=torch.float64)
+        self.col_sum = torch.zeros(d, dtype=torch.float64)
+        self.unit_sum = torch.zeros(d, dtype=torch.float64)
+        self.norm_sum = 0.0
+        self.count = 0
+        k = min(n, SAMPLE_ROWS)
+        self.sample_idx = np.unique(np.linspace(0, n - 1, num=k).round().astype(np.int64)) if n else np.zeros(0, int)
+        self.sample: list[torch.Tensor] = []
+
+    def update(self, rows: torch.Tensor) -> None:
+        x = rows.detach().to(torch.float64).reshape(-1, self.d)
+        start = self.count
+        self.gram += x.T @ x
+        self.col_sum += x.sum(0)
+        norms = x.norm(dim=1)
+        self.norm_sum += float(norms.sum())
+        self.unit_sum += (x / norms.clamp_min(1e-30).unsqueeze(1)).sum(0)
+        lo, hi = np.searchsorted(self.sample_idx, [start, start + len(x)])
+        if hi > lo:
+            self.sample.append(x[torch.from_numpy(self.sample_idx[lo:hi] - start)])
+        self.count += len(x)
+
+    def finalize(self) -> MatrixStats:
+        n, d = self.count, self.d
+        mean = self.col_sum / max(n, 1)
+        cov = self.gram - n * torch.outer(mean, mean)
+        eig_cov = torch.linalg.eigvalsh(cov)
+        mean_cos = float((self.unit_sum.dot(self.unit_sum) - n) / (n * (n - 1))) if n > 1 else float("nan")
+        abs_cos = float("nan")
+        if self.sample:
+            s = torch.cat(self.sample)
+            u = s / s.norm(dim=1, keepdim=True).clamp_min(1e-30)
+            c = (u @ u.T).abs()
+            k = len(u)
+            abs_cos = float((c.sum() - c.diagonal().sum()) / (k * (k - 1))) if k > 1 else float("nan")
+        trace = float(eig_cov.clamp_min(0).sum())
+        return MatrixStats(n=n, d=d, mean_cos=mean_cos, mean_abs_cos=abs_cos,
+                           erank_raw=_erank(torch.linalg.eigvalsh(self.gram)), erank_centred=_erank(eig_cov),
+                           pc1=float(eig_cov.max()) / trace if trace > 0 else float("nan"),
+                           mean_row_norm=self.norm_sum / max(n, 1))
+
+
+def matrix_stats(matrix: torch.Tensor | Iterable[torch.Tensor], n: int | None = None, d: int | None = None,
+                 chunk_rows: int = 16384) -> MatrixStats:
+    """Metrics of a matrix, or of an iterable of row chunks (then give ``n`` and ``d``)."""
+    if isinstance(matrix, torch.Tensor):
+        n, d = matrix.shape
+        chunks: Iterable[torch.Tensor] = (matrix[i:i + chunk_rows] for i in range(0, n, chunk_rows))
+    else:
+        chunks = matrix
+    acc = StreamingMoments(n, d)
+    for chunk in chunks:
+        acc.update(chunk)
+    return acc.finalize()
+
+
+def gaussian_null(n: int, d: int, seed: int = 0, chunk_rows: int = 16384) -> MatrixStats:
+    """The same metrics of an i.i.d. N(0, 1) matrix of the same shape (drawn in chunks, fixed seed)."""
+    gen = torch.Generator().manual_seed(seed)
+    chunks = (torch.randn(min(chunk_rows, n - i), d, generator=gen) for i in range(0, n, chunk_rows))
+    return matrix_stats(chunks, n=n, d=d)
+
+
+def mp_erank_ratio(n: int, d: int, grid: int = 20001) -> float:
+    """Marchenko–Pastur limit of erank / min(N, d) for an i.i.d. Gaussian N×d matrix.
+
+    With γ = min/max and σ = √λ under the MP law, erank/Q → m·exp(−E[σ ln σ]/m), m = E[σ].
+    """
+    gamma = min(n, d) / max(n, d)
+    a, b = (1 - math.sqrt(gamma)) ** 2, (1 + math.sqrt(gamma)) ** 2
+    lam = np.linspace(a, b, grid)[1:-1]
+    density = np.sqrt((b - lam) * (lam - a)) / (2 * math.pi * gamma * lam)
+    w = density / np.trapezoid(density, lam)
+    sigma = np.sqrt(lam)
+    m = np.trapezoid(w * sigma, lam)
+    e_slns = np.trapezoid(w * sigma * np.log(sigma), lam)
+    return float(m * math.exp(-e_slns / m))
+
+
+def mp_pc1(n: int, d: int) -> float:
+    """Marchenko–Pastur top-edge estimate of the PC1 share of an N×d Gaussian: (√N + √d)² / (N·d)."""
+    return (math.sqrt(n) + math.sqrt(d)) ** 2 / (n * d)
+
+
+def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Linear CKA (Kornblith et al. 2019) between two ``[N, d]`` matrices with rows aligned.
+
+    ``‖XᵀY‖²_F / (‖XᵀX‖_F ‖YᵀY‖_F)`` on column-centred X, Y. Invariant to rotations and isotropic
+    scaling of either matrix, so two seeds' tables can agree although their bases differ.
+    """
+    x = x.to(torch.float64) - x.to(torch.float64).mean(0)
+    y = y.to(torch.float64) - y.to(torch.float64).mean(0)
+    num = (x.T @ y).pow(2).sum()
+    den = (x.T @ x).pow(2).sum().sqrt() * (y.T @ y).pow(2).sum().sqrt()
+    return float(num / den) if den > 0 else float("nan")
+
+
+def residual_after(x: torch.Tensor, covariates: torch.Tensor) -> torch.Tensor:
+    """``x`` minus its least-squares fit on ``[1, covariates]`` (rows aligned).
+
+    Used to remove what a row's frequency alone explains before comparing two tables.
+    """
+    cov = covariates.to(torch.float64).reshape(len(x), -1)
+    design = torch.cat([torch.ones(len(x), 1, dtype=torch.float64), cov], 1)
+    coef = torch.linalg.lstsq(design, x.to(torch.float64)).solution
+    return x.to(torch.float64) - design @ coef
+
+
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=1, keepdim=True).clamp_min(1e-30)

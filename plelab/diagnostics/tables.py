@@ -1,0 +1,127 @@
+"""Finding and streaming a per-layer table: from a plelab run, a plelab checkpoint, or any
+safetensors file / folder holding an HF Gemma 3n / Gemma 4 ``embed_tokens_per_layer.weight``.
+
+Tables are read in row chunks through ``safetensors.safe_open(...).get_slice`` (memory-mapped),
+so a Gemma-3n-E2B table (262,144 × 7,680) never has to fit in memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from plelab.config.schema import RunConfig
+from plelab.errors import PlelabError
+from plelab.train.checkpoint import list_checkpoints, read_state
+
+TABLE_SUFFIX = "embed_tokens_per_layer.weight"
+CHUNK_BYTES = 64 * 2**20
+
+
+@dataclass
+class TableSource:
+    """Where a table lives and how to read it. ``config``/``step`` are known for plelab runs only."""
+
+    file: Path
+    key: str
+    rows: int
+    num_layers: int
+    dim: int
+    config: RunConfig | None = None
+    step: int | None = None
+    run_dir: Path | None = None
+    checkpoint: Path | None = None
+
+    def chunks(self, chunk_rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield ``(first_row, rows [r, L, dP] float32)`` over the whole table."""
+        chunk_rows = chunk_rows or max(1, CHUNK_BYTES // (4 * self.num_layers * self.dim))
+        with safe_open(str(self.file), framework="pt") as f:
+            sl = f.get_slice(self.key)
+            for r0 in range(0, self.rows, chunk_rows):
+                block = sl[r0:min(r0 + chunk_rows, self.rows)].to(torch.float32)
+                yield r0, block.view(-1, self.num_layers, self.dim)
+
+    def load(self) -> torch.Tensor:
+        """The whole table as ``[Vp, L, dP]`` float32 (for CPU-sized tables)."""
+        return torch.cat([c for _, c in self.chunks()])
+
+
+def _open_keys(file: Path) -> tuple[list[str], dict]:
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return list(f.keys()), {k: f.get_slice(k).get_shape() for k in f.keys()}
+    except (SafetensorError, OSError) as err:
+        raise PlelabError(f"{file} is not a readable safetensors file ({str(err).splitlines()[0]})") from None
+
+
+def _hf_dims(folder: Path) -> tuple[int | None, int | None]:
+    cfg_path = folder / "config.json"
+    if not cfg_path.exists():
+        return None, None
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError):
+        raise PlelabError(f"{cfg_path} is not valid JSON; fix it or pass --num-layers and --dp") from None
+    text = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+    return text.get("num_hidden_layers"), text.get("hidden_size_per_layer_input")
+
+
+def _find_in_safetensors(path: Path) -> tuple[Path, str, tuple]:
+    files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
+    index = path / "model.safetensors.index.json" if path.is_dir() else None
+    if index is not None and index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError):
+            raise PlelabError(f"{index} is not a valid safetensors index") from None
+        files = sorted({path / f for k, f in weight_map.items() if k.endswith(TABLE_SUFFIX)}) or files
+    if not files:
+        raise PlelabError(f"{path} holds no .safetensors file")
+    for file in files:
+        keys, shapes = _open_keys(file)
+        hits = [k for k in keys if k.endswith(TABLE_SUFFIX)]
+        if hits:
+            return file, hits[0], tuple(shapes[hits[0]])
+    raise PlelabError(f"no tensor named '*{TABLE_SUFFIX}' in {path}; is it a Gemma 3n / Gemma 4 or plelab model?")
+
+
+def find_table(path: str | Path, num_layers: int | None = None, dim: int | None = None) -> TableSource:
+    """Resolve a run folder, a checkpoint folder, or a safetensors file/folder to its per-layer table."""
+    p = Path(path)
+    if not p.exists():
+        raise PlelabError(f"{p} does not exist; pass a run folder, a checkpoint folder or a .safetensors file")
+    run_dir = ckpt = None
+    cfg = step = None
+    if p.is_dir() and (p / "config.json").exists() and (p / "checkpoints").is_dir():
+        run_dir = p
+        found = list_checkpoints(p)
+        if not found:
+            raise PlelabError(f"run {p} has no checkpoint yet; train it (checkpoints are written every "
+                              "train.checkpoint_every steps)")
+        ckpt = found[-1]
+    elif p.is_dir() and (p / "state.json").exists():
+        ckpt, run_dir = p, p.parent.parent if p.parent.name == "checkpoints" else None
+    if ckpt is not None:
+        state = read_state(ckpt)
+        cfg, step = RunConfig.from_dict(state["config"]), state["step"]
+        if not cfg.ple.enabled:
+            raise PlelabError(f"{ckpt} is a dP=0 run: it has no per-layer table to diagnose")
+        file, key, shape = _find_in_safetensors(ckpt / "model.safetensors")
+        num_layers, dim = cfg.model.num_hidden_layers, cfg.ple.dim
+    else:
+        file, key, shape = _find_in_safetensors(p)
+        hf_layers, hf_dim = _hf_dims(file.parent)
+        num_layers, dim = num_layers or hf_layers, dim or hf_dim
+        if num_layers is None or dim is None:
+            raise PlelabError(f"{file} has a per-layer table of shape {list(shape)} but no config.json with "
+                              "num_hidden_layers and hidden_size_per_layer_input; pass --num-layers and --dp")
+    if len(shape) != 2 or shape[1] != num_layers * dim:
+        raise PlelabError(f"table {key} has shape {list(shape)}, not [Vp, L·dP] = [Vp, {num_layers}·{dim}]; "
+                          "check --num-layers and --dp")
+    return TableSource(file=file, key=key, rows=shape[0], num_layers=num_layers, dim=dim, config=cfg, step=step,
+                       run_dir=run_dir, checkpoint=ckpt)

@@ -1,0 +1,110 @@
+"""Use metrics: does the model rely on its per-layer table? Interventions at evaluation time.
+
+On the same validation windows (paired), the loss is measured with the trained table and
+with the table (or one layer's slice of it) changed:
+
+- ``reset``: rows set back to their initial values W_0 (what training added is removed);
+- ``permute``: rows shuffled among rows of similar training frequency (what each id's row
+  says is scrambled, while the distribution of rows the model sees is kept).
+
+The reported change is the mean over windows of ``loss_intervened − loss_trained`` with its
+standard error across windows. A table that carries nothing the model uses gives ≈ 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from plelab.model.transformer import PLECausalLM
+
+
+@dataclass
+class Intervention:
+    kind: str  # "reset" | "permute"
+    layer: int | None  # None = every layer at once
+    delta: float  # mean paired loss change (nats); > 0: the intervention hurts
+    se: float  # standard error of the mean over windows
+    windows: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def window_losses(model: PLECausalLM, windows: torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
+    """Per-window mean next-token CE, ``[N]``. ``ple.ids='iid'`` draws are seeded per chunk (paired)."""
+    was = model.training
+    model.eval()
+    out = []
+    tm = model.model
+    for i in range(0, len(windows), batch):
+        chunk = windows[i:i + batch].to(device)
+        if getattr(tm, "pc", None) is not None and tm.pc.enabled and tm.pc.ids == "iid":
+            tm.iid_generator = torch.Generator(device=tm.iid_probs.device).manual_seed(1_000_003 + i)
+        logits = model(chunk[:, :-1]).logits.float()
+        ce = F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")
+        out.append(ce.mean(1).cpu())
+    tm.iid_generator = None
+    model.train(was)
+    return torch.cat(out).double()
+
+
+def frequency_bins(counts: np.ndarray, bin_size: int = 16) -> list[np.ndarray]:
+    """Rows grouped by training frequency: never-seen rows form one bin; seen rows, sorted by count,
+    are cut into bins of ``bin_size`` (the last bin takes the remainder)."""
+    order = np.argsort(counts, kind="stable")
+    unseen = order[counts[order] == 0]
+    seen = order[counts[order] > 0]
+    bins = [seen[i:i + bin_size] for i in range(0, len(seen), bin_size)]
+    if len(bins) > 1 and len(bins[-1]) < bin_size:
+        bins[-2] = np.concatenate([bins[-2], bins.pop()])
+    return ([unseen] if len(unseen) else []) + bins
+
+
+def within_bin_permutation(counts: np.ndarray, seed: int = 0, bin_size: int = 16) -> torch.Tensor:
+    """A row permutation that only swaps rows of similar frequency: ``new[i] = old[perm[i]]``."""
+    rng = np.random.default_rng(seed)
+    perm = np.arange(len(counts))
+    for b in frequency_bins(counts, bin_size):
+        perm[b] = rng.permutation(b)
+    return torch.from_numpy(perm)
+
+
+@contextlib.contextmanager
+def table_swapped(model: PLECausalLM, new_weight: torch.Tensor):
+    """Temporarily replace the per-layer table's values."""
+    w = model.model.embed_tokens_per_layer.weight
+    saved = w.detach().clone()
+    with torch.no_grad():
+        w.copy_(new_weight.to(w.device, w.dtype))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            w.copy_(saved)
+
+
+def use_metrics(model: PLECausalLM, windows: torch.Tensor, w0: torch.Tensor, counts: np.ndarray, batch: int,
+                device: torch.device, per_layer: bool = True, seed: int = 0) -> tuple[float, list[Intervention]]:
+    """Base validation loss and the reset / permute interventions (whole table, then each layer)."""
+    L, dP = model.mc.num_hidden_layers, model.pc.dim
+    base = window_losses(model, windows, batch, device)
+    wt = model.model.embed_tokens_per_layer.weight.detach().float().cpu()
+    perm = within_bin_permutation(counts, seed)
+    variants = {"reset": w0.reshape(wt.shape), "permute": wt[perm]}
+    results = []
+    for layer in [None, *(range(L) if per_layer else [])]:
+        cols = slice(None) if layer is None else slice(layer * dP, (layer + 1) * dP)
+        for kind, changed in variants.items():
+            new = wt.clone()
+            new[:, cols] = changed[:, cols]
+            with table_swapped(model, new):
+                diff = window_losses(model, windows, batch, device) - base
+            se = float(diff.std(unbiased=True) / len(diff) ** 0.5) if len(diff) > 1 else float("nan")
+            results.append(Intervention(kind, layer, float(diff.mean()), se, len(diff)))
+    return float(base.mean()), results
