@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from plelab import __version__
 from plelab.errors import ConfigError, PlelabError
@@ -92,8 +93,6 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from plelab.config import RunConfig, apply_overrides, resolve_config, set_value
     from plelab.data.pipeline import prepare_data
     from plelab.runtime import resolve_device
@@ -140,6 +139,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from plelab.diagnostics.diagnose import diagnose
+    from plelab.report.diagnostics import diagnostics_text, plot_diagnostics, write_json_report
+
+    rep = diagnose(args.path, reference=args.reference, null_run=args.null, use=not args.no_use,
+                   num_layers=args.num_layers, dim=args.dp, windows=args.windows, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        print(diagnostics_text(rep))
+    if args.out:
+        write_json_report(rep, Path(args.out) / "diagnostics.json")
+        for path in plot_diagnostics(rep, args.out):
+            print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="plelab", description="Per-Layer Embeddings lab: models, accounting, training, studies.")
     parser.add_argument("--version", action="version", version=f"plelab {__version__}")
@@ -170,6 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-field", help="JSONL field / Parquet or datasets column holding the text (default 'text')")
     p.add_argument("--tokenizer", help="use this tokenizer.json instead of training a BPE on the corpus")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    p = sub.add_parser("diagnose", help="has a per-layer table learned structure, and is it used? (early verdict)")
+    p.add_argument("path", help="a run folder, a checkpoint folder, or a safetensors file/folder with "
+                                "embed_tokens_per_layer.weight (HF Gemma 3n / Gemma 4)")
+    p.add_argument("--reference", help="the same run with another seed (cross-seed agreement of the change)")
+    p.add_argument("--null", help="a matched null run (ple.ids=iid) whose change metrics are shown beside")
+    p.add_argument("--num-layers", type=int, help="L, for a safetensors table without config.json")
+    p.add_argument("--dp", type=int, help="dP, for a safetensors table without config.json")
+    p.add_argument("--windows", type=int, default=128, help="validation windows for the use test (default 128)")
+    p.add_argument("--no-use", action="store_true", help="skip the use test (no model evaluation)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--out", help="also write diagnostics.json and PNG plots into this folder")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_diagnose)
 
     from plelab.demo import add_demo_parser
 

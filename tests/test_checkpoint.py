@@ -64,7 +64,8 @@ def test_kill_9_then_resume_is_bit_identical(reference, tmp_path, fault):
 
 def test_checkpoint_uses_hf_names_and_no_pickle(reference):
     ckpt = list_checkpoints(reference)[-1]
-    assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors", "optimizer.safetensors", "state.json"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["diagnostics.json", "model.safetensors", "optimizer.safetensors",
+                                                      "state.json"]
     names = load_file(str(ckpt / "model.safetensors")).keys()
     assert "model.embed_tokens_per_layer.weight" in names and "model.layers.1.per_layer_input_gate.weight" in names
     state = json.loads((ckpt / "state.json").read_text())

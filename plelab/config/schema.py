@@ -146,6 +146,10 @@ class TrainConfig:
     threads: int = 0
     tensorboard: bool = False
     wandb_project: str | None = None
+    # Cheap PLE signal metrics (SNR, gate, gradient norms...) every N steps into metrics.jsonl (0 = off);
+    # the full structure + use diagnostics at every checkpoint, the use test on this many windows (0 = off).
+    diag_every: int = 50
+    diag_windows: int = 32
 
     def validate(self) -> None:
         _require(self.steps >= 1, "train.steps", self.steps, "an integer >= 1")
@@ -167,6 +171,8 @@ class TrainConfig:
         _require(self.checkpoint_every >= 0, "train.checkpoint_every", self.checkpoint_every,
                  "an integer >= 0 (0 = only at the end)")
         _require(self.keep_checkpoints >= 1, "train.keep_checkpoints", self.keep_checkpoints, "an integer >= 1")
+        _require(self.diag_every >= 0, "train.diag_every", self.diag_every, "an integer >= 0 (0 = off)")
+        _require(self.diag_windows >= 0, "train.diag_windows", self.diag_windows, "an integer >= 0 (0 = off)")
         _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "train.device",
                  self.device, "auto | cpu | cuda | cuda:N")
         _require(self.threads >= 0, "train.threads", self.threads, "an integer >= 0 (0 = all cores)")

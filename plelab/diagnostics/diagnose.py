@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from plelab.config.schema import RunConfig
 from plelab.data.tokens import PackedSampler, TokenData, val_windows
+from plelab.diagnostics.live import initial_table
 from plelab.diagnostics.structure import (
     StreamingMoments,
     gaussian_null,
@@ -31,10 +32,9 @@ from plelab.diagnostics.tables import TableSource, find_table
 from plelab.diagnostics.usage import use_metrics
 from plelab.diagnostics.verdict import verdict
 from plelab.errors import PlelabError
-from plelab.model.init import build_model, initial_normal
+from plelab.model.init import build_model
 from plelab.train.optim import lr_multiplier
 
-TABLE = "model.embed_tokens_per_layer.weight"
 CKA_NULL_DRAWS = 20
 
 
@@ -61,12 +61,6 @@ def weight_decay_shrink(cfg: RunConfig, steps: int) -> float:
     tc = cfg.train
     lr = tc.lr if tc.table_lr is None else tc.table_lr
     return math.prod(1 - lr * lr_multiplier(s, tc) * tc.table_weight_decay for s in range(steps))
-
-
-def initial_table(cfg: RunConfig) -> torch.Tensor:
-    vp, L, dP = cfg.ple.resolved_vocab_size(cfg.model), cfg.model.num_hidden_layers, cfg.ple.dim
-    std = cfg.ple.table_init_std if cfg.ple.table_init_std is not None else cfg.model.initializer_range
-    return initial_normal(TABLE, (vp, L * dP), cfg.seed, std).view(vp, L, dP)
 
 
 def _comparable(delta: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
@@ -97,7 +91,8 @@ class RunTable:
         self.data = data or prepare_data(self.cfg, progress=False)
         self.table = source.load()
         self.counts = row_occurrences(self.cfg, self.data, self.step)
-        self.delta = self.table - weight_decay_shrink(self.cfg, self.step) * initial_table(self.cfg)
+        w0 = initial_table(self.cfg).view(self.table.shape)
+        self.delta = self.table - weight_decay_shrink(self.cfg, self.step) * w0
 
 
 def _wt_stats_streamed(source: TableSource, progress: bool) -> list[StreamingMoments]:

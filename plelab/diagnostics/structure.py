@@ -126,13 +126,18 @@ def mp_erank_ratio(n: int, d: int, grid: int = 20001) -> float:
     """
     gamma = min(n, d) / max(n, d)
     a, b = (1 - math.sqrt(gamma)) ** 2, (1 + math.sqrt(gamma)) ** 2
-    lam = np.linspace(a, b, grid)[1:-1]
-    density = np.sqrt((b - lam) * (lam - a)) / (2 * math.pi * gamma * lam)
-    w = density / np.trapezoid(density, lam)
+    # λ = a + (b−a)(1−cos t)/2 removes the square-root (and, at γ=1, the 1/√λ) endpoint singularities.
+    t = np.linspace(0.0, math.pi, grid)
+    lam = a + (b - a) * (1 - np.cos(t)) / 2
+    jac = (b - a) / 2 * np.sin(t)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        density = np.where(lam > 0, np.sqrt(np.clip((b - lam) * (lam - a), 0, None)) / (2 * math.pi * gamma * lam), 0)
+    w = density * jac
+    w = w / np.trapezoid(w, t)
     sigma = np.sqrt(lam)
-    m = np.trapezoid(w * sigma, lam)
-    e_slns = np.trapezoid(w * sigma * np.log(sigma), lam)
-    return float(m * math.exp(-e_slns / m))
+    m = np.trapezoid(w * sigma, t)
+    slns = np.where(sigma > 0, sigma * np.log(np.where(sigma > 0, sigma, 1.0)), 0.0)
+    return float(m * math.exp(-np.trapezoid(w * slns, t) / m))
 
 
 def mp_pc1(n: int, d: int) -> float:

@@ -107,7 +107,7 @@ def find_table(path: str | Path, num_layers: int | None = None, dim: int | None 
     elif p.is_dir() and (p / "state.json").exists():
         ckpt, run_dir = p, p.parent.parent if p.parent.name == "checkpoints" else None
     if ckpt is not None:
-        state = read_state(ckpt)
+        state = read_state(ckpt, for_resume=False)
         cfg, step = RunConfig.from_dict(state["config"]), state["step"]
         if not cfg.ple.enabled:
             raise PlelabError(f"{ckpt} is a dP=0 run: it has no per-layer table to diagnose")

@@ -64,7 +64,7 @@ def gather_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[di
 
 
 def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: dict, state: dict,
-                    keep: int) -> Path:
+                    keep: int, extra_tensors: dict | None = None, diagnostics: dict | None = None) -> Path:
     """Write ``step-{step}`` atomically, then delete all but the newest ``keep`` checkpoints."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,10 @@ def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: 
         rng["rng.cuda"] = torch.cuda.get_rng_state()
     save_file(model_tensors, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
     maybe_fault("mid_checkpoint", step)
-    save_file({**opt_tensors, **rng}, str(tmp / "optimizer.safetensors"), metadata={"format": FORMAT})
+    save_file({**opt_tensors, **rng, **(extra_tensors or {})}, str(tmp / "optimizer.safetensors"),
+              metadata={"format": FORMAT})
+    if diagnostics is not None:
+        write_json(tmp / "diagnostics.json", diagnostics)
     write_json(tmp / "state.json", {"format": FORMAT, "step": step, **state})
     if final.exists():  # a re-save of the same step (resume that ended exactly here)
         shutil.rmtree(final)
@@ -100,7 +103,8 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
                           "delete that checkpoint folder to resume from the previous one") from None
 
 
-def read_state(ckpt: Path) -> dict:
+def read_state(ckpt: Path, for_resume: bool = True) -> dict:
+    """``state.json`` of a checkpoint, checked; reading (``for_resume=False``) needs only config and step."""
     path = ckpt / "state.json"
     try:
         state = json.loads(path.read_text())
@@ -111,7 +115,7 @@ def read_state(ckpt: Path) -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise PlelabError(f"{ckpt} has format {state.get('format') if isinstance(state, dict) else None!r}, "
                           f"expected {FORMAT}; it was not written by this plelab")
-    missing = [k for k in _STATE_KEYS if k not in state]
+    missing = [k for k in (_STATE_KEYS if for_resume else ("step", "config")) if k not in state]
     if missing:
         raise PlelabError(f"checkpoint state {path} lacks {missing[0]!r}; the checkpoint is damaged — delete it "
                           "to resume from the previous one")
@@ -134,8 +138,8 @@ def load_model_weights(model: torch.nn.Module, ckpt: Path) -> None:
     set_model_state_dict(model, tensors, options=_FULL_ALL_RANKS)
 
 
-def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path) -> None:
-    """Restore AdamW moments and step counts, and the RNG states."""
+def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path) -> dict:
+    """Restore AdamW moments and step counts, and the RNG states. Returns the extra ``diag.*`` tensors."""
     tensors = _load_tensors(Path(ckpt) / "optimizer.safetensors")
     osd = get_optimizer_state_dict(model, opt, options=_FULL_ALL_RANKS)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
@@ -157,3 +161,4 @@ def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, ckp
         torch.set_rng_state(tensors["rng.torch_cpu"])
     if "rng.cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["rng.cuda"])
+    return {k: v for k, v in tensors.items() if k.startswith("diag.")}

@@ -61,6 +61,14 @@ def all_ranks_ok(ok: bool, info: DistInfo) -> bool:
     return bool(flag.item())
 
 
+def sum_across_ranks(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """All-reduce sum (a copy; identity for one process)."""
+    value = value.detach().clone()
+    if info.enabled:
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
 def mean_across_ranks(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """All-reduce average of a scalar tensor (identity for one process)."""
     if info.enabled:

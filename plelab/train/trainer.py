@@ -21,6 +21,8 @@ from tqdm.auto import tqdm
 
 from plelab.config.schema import RunConfig
 from plelab.data.tokens import PackedSampler, TokenData, val_windows
+from plelab.diagnostics.diagnose import weight_decay_shrink
+from plelab.diagnostics.live import RowCounter, checkpoint_diagnostics, live_row, probe_context
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import write_json
@@ -35,6 +37,7 @@ from plelab.train.distributed import (
     barrier,
     init_distributed,
     mean_across_ranks,
+    sum_across_ranks,
     wrap_model,
 )
 from plelab.train.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
@@ -82,9 +85,12 @@ class Trainer:
         self.micro_batch = tc.batch_size // per_step
         self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and self.device.type == "cuda")
         self.model = build_model(cfg.model, cfg.ple, seed=cfg.seed, device=self.device)
-        if cfg.ple.enabled and cfg.ple.ids == "iid":
+        self.rows: RowCounter | None = None
+        if cfg.ple.enabled:
             vp = cfg.ple.resolved_vocab_size(cfg.model)
-            self.model.model.set_iid_frequencies(torch.from_numpy(data.train_counts(vp)).to(self.device))
+            self.rows = RowCounter(vp, self.device)
+            if cfg.ple.ids == "iid":
+                self.model.model.set_iid_frequencies(torch.from_numpy(data.train_counts(vp)).to(self.device))
         self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device, self.bf16)
         self.opt = build_optimizer(self.model, tc)
         self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
@@ -133,7 +139,11 @@ class Trainer:
             raise PlelabError(why if main else f"rank 0 could not write to {run}")
         if state is not None:
             ckpt.load_model_weights(self.model, latest)
-            ckpt.load_optimizer_state(self.model, self.opt, latest)
+            saved_extra = ckpt.load_optimizer_state(self.model, self.opt, latest)
+            if self.rows is not None and "diag.row_counts" in saved_extra:
+                # this rank continues counting from the global total on rank 0 only, so the sum stays exact
+                if self.dist.is_main:
+                    self.rows.counts.copy_(saved_extra["diag.row_counts"].to(self.rows.counts.device))
             self.step, self.tokens_seen = state["step"], state["tokens_seen"]
             self.val_history = [tuple(v) for v in state["val_history"]]
             self.recent_losses = list(state["recent_train_losses"])
@@ -151,12 +161,22 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         model_t, opt_t = ckpt.gather_state(self.model, self.opt)  # collective: every rank calls it
+        extra, diagnostics = {}, None
+        if self.rows is not None:
+            counts = sum_across_ranks(self.rows.counts, self.dist)
+            extra["diag.row_counts"] = counts.cpu()
+            if self.dist.is_main and not (self.dist.enabled and self.cfg.train.parallel == "fsdp"):
+                tc = self.cfg.train
+                windows = self.val[:tc.diag_windows] if tc.diag_windows else None
+                diagnostics = checkpoint_diagnostics(self.model, self.cfg, counts.cpu().numpy(),
+                                                     weight_decay_shrink(self.cfg, self.step), windows, self.device)
         if self.dist.is_main:
             ckpt.save_checkpoint(self.run_dir, self.step, model_t, opt_t, {
                 "tokens_seen": self.tokens_seen, "val_history": self.val_history, "config": self.cfg.to_dict(),
                 "recent_train_losses": self.recent_losses,
                 "wall_seconds": self.wall_before + self._elapsed(), "corpus_fingerprint": self.data.corpus_fingerprint,
-                "world_size": self.dist.world_size}, keep=self.cfg.train.keep_checkpoints)
+                "world_size": self.dist.world_size}, keep=self.cfg.train.keep_checkpoints, extra_tensors=extra,
+                diagnostics=diagnostics)
         barrier(self.dist)
 
     # ---- steps -------------------------------------------------------------------------------
@@ -168,20 +188,27 @@ class Trainer:
     def train_step(self) -> dict:
         tc, step = self.cfg.train, self.step
         set_lr(self.opt, lr_multiplier(step, tc))
+        diag_step = bool(self.rows is not None and tc.diag_every and (step + 1) % tc.diag_every == 0)
         t0 = time.perf_counter()
         total = torch.zeros((), device=self.device)
         for m in range(tc.grad_accum):
             first = (self.dist.rank * tc.grad_accum + m) * self.micro_batch
             x, y = self.sampler.batch(step, tc.batch_size, slice(first, first + self.micro_batch))
             sync_off = m < tc.grad_accum - 1 and hasattr(self.wrapped, "no_sync")
-            with (self.wrapped.no_sync() if sync_off else contextlib.nullcontext()), self._autocast():
+            with (self.wrapped.no_sync() if sync_off else contextlib.nullcontext()), self._autocast(), \
+                    probe_context(self.model, diag_step and m == 0) as probe:
                 loss = self.forward(x.to(self.device), labels=y.to(self.device)).loss
+                if m == 0:
+                    first_probe = probe
+            if self.rows is not None:
+                self.rows.update(self.model.model.last_table_ids)
             (loss / tc.grad_accum).backward()
             total += loss.detach()
         loss = mean_across_ranks(total / tc.grad_accum, self.dist).item()
         if not math.isfinite(loss):
             raise PlelabError(f"the loss became {loss} at step {step + 1}; lower train.lr or check the data "
                               "(the last checkpoint is kept)")
+        extra = live_row(first_probe, self.model, self.rows) if diag_step else {}
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip if tc.grad_clip > 0 else math.inf)
         gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
         self.opt.step()
@@ -197,7 +224,7 @@ class Trainer:
                 "tokens": self.tokens_seen, "epoch": self.sampler.epochs(self.step, tc.batch_size),
                 "tokens_per_second": tps,
                 "mfu": (tps * self.flops_per_token / (self.peak_flops * self.dist.world_size)
-                        if self.peak_flops else None)}
+                        if self.peak_flops else None), **extra}
 
     @torch.no_grad()
     def evaluate(self) -> float:
