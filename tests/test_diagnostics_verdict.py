@@ -38,6 +38,8 @@ def test_text_ple_is_learned_and_used(runs):
     assert (v["structure"], v["use"]) == (LEARNED, USED), v["reasons"]
     assert rep["table"]["use"]["permute"]["delta"] > 0.01
     assert rep["rows"]["used"] > 300
+    pred = rep["predictiveness"]  # token ids tell the frozen model something about the next token
+    assert pred["is_prediction_target"] and pred["val_gain_nats"] > 0.005 and pred["mean_row_grad_norm"] > 0
 
 
 def test_iid_ids_are_not_distinguishable_and_unused(runs):
@@ -46,6 +48,8 @@ def test_iid_ids_are_not_distinguishable_and_unused(runs):
     assert (v["structure"], v["use"]) == (NOT_DIST, UNUSED), v["reasons"]
     for layer in rep["layers"]:
         assert layer["verdict"]["use"] == UNUSED
+    pred = rep["predictiveness"]  # the rows get gradient, but the ids carry no information
+    assert not pred["is_prediction_target"] and pred["val_gain_nats"] < 0.002 and pred["mean_row_grad_norm"] > 0
 
 
 def test_w_t_alone_cannot_tell_the_two_apart(runs):

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from plelab.config.schema import RunConfig
 from plelab.data.tokens import PackedSampler, TokenData, val_windows
 from plelab.diagnostics.live import initial_table
+from plelab.diagnostics.predictive import id_information
 from plelab.diagnostics.structure import (
     StreamingMoments,
     gaussian_null,
@@ -167,6 +168,8 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         base, results = use_metrics(model, win, initial_table(run.cfg), run.counts, batch=16,
                                     device=torch.device("cpu"), per_layer=True, seed=run.cfg.seed)
         report["base_val_loss"] = base
+        train_win = val_windows(run.data.train, run.cfg.train.seq_len, 4 * windows)
+        report["predictiveness"] = id_information(model, train_win, win, seed=run.cfg.seed)
         use_table = {r.kind: r.to_dict() for r in results if r.layer is None}
         for r in results:
             if r.layer is not None:

@@ -42,6 +42,13 @@ def diagnostics_text(rep: dict) -> str:
     lines += ["", format_table(
         ["layer", "W_t erank (all rows) / Gaussian / MP", "PC1 / Gaussian", "mean cos", "Δ erank/PC1 (used)",
          "cross-seed CKA / null", "permute Δloss (nats)", "STRUCTURE", "USE"], table_rows)]
+    pred = rep.get("predictiveness")
+    if pred:
+        target = "yes" if pred["is_prediction_target"] else "no"
+        lines += ["", f"id space: {pred['id_space']}; prediction target: {target};"
+                      f" per-id logit offsets on the frozen model gain {pred['val_gain_nats']:+.4f} nats/token on "
+                      f"validation ({pred['train_gain_nats']:+.4f} on the fit tokens); mean gradient per used row "
+                      f"{pred['mean_row_grad_norm']:.2e}"]
     tv = rep["table"]["verdict"]
     lines += ["", f"whole table: {tv['structure']}, {tv['use']}"]
     lines += [f"  - {r}" for r in tv["reasons"]]
