@@ -141,7 +141,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from plelab.diagnostics.diagnose import diagnose
-    from plelab.report.diagnostics import diagnostics_text, plot_diagnostics, write_json_report
+    from plelab.report.diagnostics import diagnostics_text, plot_diagnostics, plot_run_history, write_json_report
 
     rep = diagnose(args.path, reference=args.reference, null_run=args.null, use=not args.no_use,
                    num_layers=args.num_layers, dim=args.dp, windows=args.windows, progress=not args.no_progress)
@@ -151,7 +151,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         print(diagnostics_text(rep))
     if args.out:
         write_json_report(rep, Path(args.out) / "diagnostics.json")
-        for path in plot_diagnostics(rep, args.out):
+        written = plot_diagnostics(rep, args.out)
+        if rep.get("run_dir"):
+            written += plot_run_history(rep["run_dir"], args.out)
+        for path in written:
             print(f"wrote {path}")
     return 0
 

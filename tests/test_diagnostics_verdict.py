@@ -80,5 +80,14 @@ def test_diagnose_cli_writes_json_and_plots(runs, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "whole table: LEARNED, USED" in out and "cross-seed CKA" in out
     assert json.loads((tmp_path / "diagnostics.json").read_text())["table"]["verdict"]["use"] == USED
-    png = (tmp_path / "diagnostics_by_layer.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    for name in ("diagnostics_by_layer.png", "diagnostics_by_step.png"):
+        png = (tmp_path / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert "change since init by occurrences" in out
+
+
+def test_diagnose_a_checkpoint_folder_with_a_null_run(runs, capsys):
+    ckpt = runs["token", 0] / "checkpoints" / f"step-{STEPS:06d}"
+    assert main(["diagnose", str(ckpt), "--null", str(runs["iid", 0]), "--no-use", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "(step 300)" in out and "(null run" in out

@@ -114,6 +114,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     source = find_table(path, num_layers, dim)
     L, dP = source.num_layers, source.dim
     report: dict = {"source": str(path), "table_file": str(source.file), "key": source.key, "step": source.step,
+                    "run_dir": str(source.run_dir) if source.run_dir is not None else None,
                     "shape": [source.rows, L, dP], "notes": [], "layers": []}
     accs = _wt_stats_streamed(source, progress)
     null_all = gaussian_null(source.rows, dP, seed=1)
@@ -144,6 +145,12 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
                       "occurrences_per_used_row": {
                           "median": float(np.median(occ)), "p10": float(np.percentile(occ, 10)),
                           "p90": float(np.percentile(occ, 90)), "max": float(occ.max())}}
+    edges = [1, 10, 100, 1000, 10_000, math.inf]
+    norms = run.delta.flatten(1).norm(dim=1).numpy()
+    report["rows"]["delta_by_occurrence"] = [
+        {"occurrences": f"{lo:,}–{hi - 1:,}" if hi != math.inf else f"≥{lo:,}", "rows": int(m.sum()),
+         "mean_delta_norm": float(norms[m].mean())}
+        for lo, hi in zip(edges, edges[1:]) if (m := (run.counts >= lo) & (run.counts < hi)).any()]
     null_used = gaussian_null(int(used.sum()), dP, seed=2)
     for i, layer in enumerate(layers):
         layer["wt_used"] = matrix_stats(run.table[used, i]).to_dict()

@@ -25,17 +25,23 @@ def diagnostics_text(rep: dict) -> str:
         occ = rows["occurrences_per_used_row"]
         lines.append(f"rows used {rows['used']:,}/{rows['total']:,} ({100 * rows['fraction_used']:.1f}%); occurrences "
                      f"per used row: median {occ['median']:,.0f}, p10 {occ['p10']:,.0f}, p90 {occ['p90']:,.0f}")
+        strata = ", ".join(f"{b['occurrences']}: {b['rows']} rows |Δ| {b['mean_delta_norm']:.3f}"
+                           for b in rows.get("delta_by_occurrence", []))
+        if strata:
+            lines.append(f"change since init by occurrences — {strata}")
     table_rows = []
     for layer in rep["layers"]:
         wt, null, mp = layer["wt_all"], layer["null_all"], layer["mp_all"]
         d = layer.get("delta_used") or {}
+        nd = layer.get("null_run_delta_used") or {}
         cs = layer.get("cross_seed") or {}
         use = (layer.get("use") or {}).get("permute") or {}
         v = layer["verdict"]
         table_rows.append([
             layer["layer"], f"{wt['erank_raw']:.1f}/{null['erank_raw']:.1f}/{mp['erank_ratio'] * min(vp, dP):.1f}",
             f"{wt['pc1']:.4f}/{null['pc1']:.4f}", f"{wt['mean_cos']:+.4f}",
-            f"{_f(d.get('erank_centred'), '.1f')}/{_f(d.get('pc1'), '.3f')}",
+            f"{_f(d.get('erank_centred'), '.1f')}/{_f(d.get('pc1'), '.3f')}"
+            + (f" (null run {nd['erank_centred']:.1f}/{nd['pc1']:.3f})" if nd else ""),
             f"{_f(cs.get('cka'))}/{_f(cs.get('null_mean'))}",
             f"{_f(use.get('delta'), '+.4f')}±{_f(use.get('se'), '.4f')}",
             v["structure"].replace("NOT DISTINGUISHABLE FROM NULL", "NULL-LIKE"), v["use"]])
@@ -58,6 +64,48 @@ def diagnostics_text(rep: dict) -> str:
 
 def write_json_report(rep: dict, path: str | Path) -> Path:
     return atomic_write(path, lambda p: p.write_text(json.dumps(rep, indent=1) + "\n"))
+
+
+def plot_run_history(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """PNG: the live per-layer signal metrics (metrics.jsonl ``diag`` rows) against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = Path(run_dir) / "metrics.jsonl"
+    rows = []
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if "diag" in row:
+                rows.append(row)
+    if not rows:
+        return []
+    keys = [("snr", "injection RMS / hidden RMS"), ("table_to_proj", "table part / projection part"),
+            ("gate", "gate activity"), ("grad_table", "gradient norm at the table slice")]
+    steps = [r["step"] for r in rows]
+    L = len(rows[0]["diag"]["snr"])
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
+    for ax, (key, title) in zip(axes[0], keys):
+        for layer in range(L):
+            values = [r["diag"][key][layer] for r in rows]
+            if all(v is not None for v in values):
+                ax.plot(steps, values, label=f"layer {layer}")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "diagnostics_by_step.png"
+    atomic_write(path, lambda p: fig.savefig(p, dpi=110, format="png"))
+    plt.close(fig)
+    return [path]
 
 
 def plot_diagnostics(rep: dict, out_dir: str | Path) -> list[Path]:
