@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -32,12 +31,22 @@ def make(path: Path, rows: int, layers: int, dim: int) -> None:
                                                                   "hidden_size_per_layer_input": dim}}))
 
 
+def _status_mib(field: str) -> float:
+    """VmHWM / VmRSS of this process in MiB (per address space, so not inherited across exec,
+    unlike getrusage's ru_maxrss)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def child(mode: str, path: Path) -> None:
     import torch
 
+    import plelab.diagnostics.diagnose  # noqa: F401  (same imports in every mode: a fair baseline)
     from plelab.diagnostics.tables import find_table
 
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = _status_mib("VmRSS")
     t0 = time.perf_counter()
     if mode == "diagnose":
         from plelab.diagnostics.diagnose import diagnose
@@ -53,9 +62,8 @@ def child(mode: str, path: Path) -> None:
                     x = chunk[:, i].double()
                     g += x.T @ x
         extra = {}
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"mode": mode, "seconds": time.perf_counter() - t0, "peak_rss_mib": peak / 1024,
-                      "rss_before_mib": base / 1024, **extra}))
+    print(json.dumps({"mode": mode, "seconds": time.perf_counter() - t0, "peak_rss_mib": _status_mib("VmHWM"),
+                      "rss_before_mib": base, **extra}))
 
 
 def main() -> None:
@@ -71,7 +79,9 @@ def main() -> None:
         return child(args.child, path)
     path.mkdir(parents=True, exist_ok=True)
     if not (path / "model.safetensors").exists():
-        make(path, args.rows, args.layers, args.dim)
+        subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                        f"import diagnose_table as d; from pathlib import Path; "
+                        f"d.make(Path({str(path)!r}), {args.rows}, {args.layers}, {args.dim})"], check=True)
     size = (path / "model.safetensors").stat().st_size / 2**30
     print(f"table {args.rows:,} × {args.layers}·{args.dim} bf16 ({size:.2f} GiB) in {path}")
     results = {}

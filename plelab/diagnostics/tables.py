@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
@@ -20,6 +21,7 @@ from plelab.errors import PlelabError
 from plelab.train.checkpoint import list_checkpoints, read_state
 
 TABLE_SUFFIX = "embed_tokens_per_layer.weight"
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 CHUNK_BYTES = 64 * 2**20
 
 
@@ -38,13 +40,31 @@ class TableSource:
     checkpoint: Path | None = None
 
     def chunks(self, chunk_rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
-        """Yield ``(first_row, rows [r, L, dP] float32)`` over the whole table."""
+        """Yield ``(first_row, rows [r, L, dP] float32)`` over the whole table.
+
+        Rows are read with plain file reads at the offsets in the safetensors header (no mmap),
+        so the process holds one chunk at a time: memory stays bounded by the chunk size
+        whatever the table size.
+        """
         chunk_rows = chunk_rows or max(1, CHUNK_BYTES // (4 * self.num_layers * self.dim))
-        with safe_open(str(self.file), framework="pt") as f:
-            sl = f.get_slice(self.key)
+        with open(self.file, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            entry = json.loads(f.read(header_len))[self.key]
+            dtype = _DTYPES.get(entry["dtype"])
+            if dtype is None:
+                raise PlelabError(f"table {self.key} in {self.file} has dtype {entry['dtype']}; "
+                                  f"plelab reads {', '.join(_DTYPES)}")
+            item = torch.tensor([], dtype=dtype).element_size()
+            row_bytes = item * self.num_layers * self.dim
+            start = 8 + header_len + entry["data_offsets"][0]
             for r0 in range(0, self.rows, chunk_rows):
-                block = sl[r0:min(r0 + chunk_rows, self.rows)].to(torch.float32)
-                yield r0, block.view(-1, self.num_layers, self.dim)
+                n = min(chunk_rows, self.rows - r0)
+                f.seek(start + r0 * row_bytes)
+                raw = np.fromfile(f, dtype=np.uint8, count=n * row_bytes)
+                if raw.size != n * row_bytes:
+                    raise PlelabError(f"{self.file} is truncated (table {self.key} ends early); re-copy the file")
+                block = torch.from_numpy(raw).view(dtype).to(torch.float32, copy=True)
+                yield r0, block.view(n, self.num_layers, self.dim)
 
     def load(self) -> torch.Tensor:
         """The whole table as ``[Vp, L, dP]`` float32 (for CPU-sized tables)."""
