@@ -144,13 +144,19 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from plelab.report.diagnostics import diagnostics_text, plot_diagnostics, plot_run_history, write_json_report
 
     rep = diagnose(args.path, reference=args.reference, null_run=args.null, use=not args.no_use,
-                   num_layers=args.num_layers, dim=args.dp, windows=args.windows, progress=not args.no_progress)
+                   num_layers=args.num_layers, dim=args.dp, windows=args.windows, progress=not args.no_progress,
+                   null_reference=args.null_reference)
     if args.json:
         print(json.dumps(rep, indent=1))
     else:
         print(diagnostics_text(rep))
     if args.out:
-        write_json_report(rep, Path(args.out) / "diagnostics.json")
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise PlelabError(f"--out {args.out} is a file; give a folder for diagnostics.json and the plots")
+        try:
+            write_json_report(rep, Path(args.out) / "diagnostics.json")
+        except OSError as err:
+            raise PlelabError(f"cannot write to {args.out}: {err.strerror or err}") from None
         written = plot_diagnostics(rep, args.out)
         if rep.get("run_dir"):
             written += plot_run_history(rep["run_dir"], args.out)
@@ -194,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="a run folder, a checkpoint folder, or a safetensors file/folder with "
                                 "embed_tokens_per_layer.weight (HF Gemma 3n / Gemma 4)")
     p.add_argument("--reference", help="the same run with another seed (cross-seed agreement of the change)")
-    p.add_argument("--null", help="a matched null run (ple.ids=iid) whose change metrics are shown beside")
+    p.add_argument("--null", help="a matched null run (same config with --set ple.ids=iid): its Δ metrics beside")
+    p.add_argument("--null-reference", help="the null run's second seed: their agreement bounds what a real "
+                                            "table's cross-seed agreement must exceed")
     p.add_argument("--num-layers", type=int, help="L, for a safetensors table without config.json")
     p.add_argument("--dp", type=int, help="dP, for a safetensors table without config.json")
     p.add_argument("--windows", type=int, default=128, help="validation windows for the use test (default 128)")

@@ -75,3 +75,14 @@ def test_runs_without_a_table_or_checkpoint(tmp_path, capsys):
     assert "has no checkpoint yet" in capsys.readouterr().err
     assert main(["diagnose", str(tmp_path / "nowhere"), "--no-progress"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_bad_diagnose_arguments(tmp_path, capsys):
+    save_file({"embed_tokens_per_layer.weight": torch.randn(50, 8)}, str(tmp_path / "t.safetensors"))
+    (tmp_path / "afile").write_text("x")
+    assert main(["diagnose", str(tmp_path / "t.safetensors"), "--num-layers", "2", "--dp", "4",
+                 "--out", str(tmp_path / "afile"), "--no-progress"]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert main(["diagnose", str(tmp_path / "t.safetensors"), "--windows", "0", "--no-progress"]) == 2
+    assert "--windows must be >= 1" in capsys.readouterr().err
+    assert (tmp_path / "afile").read_text() == "x"

@@ -82,3 +82,26 @@ def test_residual_removes_what_a_covariate_explains():
     x = torch.outer(f, torch.randn(8, generator=gen).double()) + 0.001 * torch.randn(500, 8, generator=gen).double()
     r = residual_after(x, f)
     assert r.norm() < 0.01 * x.norm()
+
+
+def test_frequency_only_agreement_needs_the_matched_null_pair():
+    """Two 'seeds' whose change is a shared function of row frequency only (no identity
+    information). A smooth function of log-frequency is removed by the regression; a heavy-tailed
+    √f is not — then only the matched null-run pair (same frequencies) stops a LEARNED verdict."""
+    from plelab.diagnostics.diagnose import cka_against_null
+    from plelab.diagnostics.verdict import LEARNED, structure_verdict
+
+    rng = np.random.default_rng(0)
+    n, d = 400, 32
+    f = rng.zipf(1.3, size=n).astype(float).clip(1, 1e5)
+
+    def fake(seed, fn):
+        g = torch.randn(d, generator=torch.Generator().manual_seed(seed)).double()
+        noise = torch.randn(n, d, generator=torch.Generator().manual_seed(seed + 10)).double()
+        return torch.from_numpy(fn(f))[:, None] * g[None, :] + 0.5 * noise
+
+    smooth = cka_against_null(fake(1, np.log1p), fake(2, np.log1p), f)
+    assert structure_verdict(smooth["cka"], smooth["null_mean"], smooth["null_sd"])[0] != LEARNED
+    rough = cka_against_null(fake(1, np.sqrt), fake(2, np.sqrt), f)
+    pair = cka_against_null(fake(3, np.sqrt), fake(4, np.sqrt), f)["cka"]  # the matched null runs
+    assert structure_verdict(rough["cka"], rough["null_mean"], rough["null_sd"], null_run_cka=pair)[0] != LEARNED

@@ -110,3 +110,18 @@ def test_train_command_on_user_text(tmp_path, capsys):
     assert summary["config"]["data"]["path"] == str(text)
     assert summary["val_unigram_entropy"] > 0 and summary["steps"] == 12
     assert len(summary["corpus_fingerprint"]) == 64 and summary["git_commit"]
+
+
+@pytest.mark.parametrize("setting, needle", [("train.tensorboard=true", "pip install tensorboard"),
+                                             ("train.wandb_project=plelab", "pip install wandb")])
+def test_missing_optional_sink_fails_before_writing(tmp_path, capsys, monkeypatch, setting, needle):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("tensorboard", "wandb") else real(name, *a))
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "cpu-tiny", "--steps", "2", "--out", str(out), "--no-progress",
+                 "--set", setting]) == 2
+    assert needle in capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir())

@@ -30,7 +30,7 @@ from plelab.diagnostics.structure import (
     unit_rows,
 )
 from plelab.diagnostics.tables import TableSource, find_table
-from plelab.diagnostics.usage import use_metrics
+from plelab.diagnostics.usage import use_metrics, within_bin_permutation
 from plelab.diagnostics.verdict import verdict
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
@@ -64,20 +64,43 @@ def weight_decay_shrink(cfg: RunConfig, steps: int) -> float:
     return math.prod(1 - lr * lr_multiplier(s, tc) * tc.table_weight_decay for s in range(steps))
 
 
+FREQ_DEGREE = 4
+
+
 def _comparable(delta: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
-    """Δ rows with what log-frequency explains removed, then unit-normalised (for cross-seed CKA)."""
-    logf = torch.from_numpy(np.log1p(counts)).double()
-    return unit_rows(residual_after(delta, logf))
+    """Δ rows with what a smooth function of frequency explains removed (each column regressed on a
+    degree-4 polynomial in standardised log-frequency), then unit-normalised (for cross-seed CKA)."""
+    logf = np.log1p(counts)
+    z = (logf - logf.mean()) / (logf.std() + 1e-12)
+    basis = torch.from_numpy(np.stack([z ** k for k in range(1, FREQ_DEGREE + 1)], 1)).double()
+    return unit_rows(residual_after(delta, basis))
 
 
 def cka_against_null(a: torch.Tensor, b: torch.Tensor, counts: np.ndarray, seed: int = 0) -> dict:
-    """Cross-seed CKA of two Δ matrices and its Gaussian null (same shape, same regression)."""
-    value = linear_cka(_comparable(a, counts), _comparable(b, counts))
-    gen = torch.Generator().manual_seed(seed)
-    nulls = [linear_cka(_comparable(torch.randn(a.shape, generator=gen, dtype=torch.float64), counts),
-                        _comparable(torch.randn(a.shape, generator=gen, dtype=torch.float64), counts))
-             for _ in range(CKA_NULL_DRAWS)]
-    return {"cka": value, "null_mean": float(np.mean(nulls)), "null_sd": float(np.std(nulls, ddof=1))}
+    """Cross-seed CKA of two Δ matrices and its permutation null.
+
+    The null pairs ``a`` with ``b``'s rows shuffled among rows of similar frequency (20 draws):
+    whatever frequency alone explains — in any functional form — survives the shuffle, what
+    an id's own row learned does not. So only identity-specific agreement beats the null.
+    """
+    ca, cb = _comparable(a, counts), _comparable(b, counts)
+    value = linear_cka(ca, cb)
+    nulls = [linear_cka(ca, cb[within_bin_permutation(counts, seed + k)]) for k in range(CKA_NULL_DRAWS)]
+    return {"cka": value, "null_mean": float(np.mean(nulls)), "null_sd": float(np.std(nulls, ddof=1)),
+            "null": "rows permuted within frequency bins"}
+
+
+def _saved_counts(ckpt: Path) -> np.ndarray | None:
+    """The exact row counts a trainer saved with the checkpoint (``diag.row_counts``), if any."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(ckpt / "optimizer.safetensors"), framework="pt") as f:
+            if "diag.row_counts" in f.keys():
+                return f.get_tensor("diag.row_counts").numpy().astype(np.float64)
+    except Exception:  # a missing or foreign optimizer file: fall back to replaying the sampler
+        return None
+    return None
 
 
 class RunTable:
@@ -87,13 +110,22 @@ class RunTable:
         if source.config is None:
             raise PlelabError(f"{source.file} is not a plelab run: --reference and --null take plelab runs")
         from plelab.data.pipeline import prepare_data
+        from plelab.train.checkpoint import read_state
 
         self.source, self.cfg, self.step = source, source.config, source.step
         self.data = data or prepare_data(self.cfg, progress=False)
+        saved = read_state(source.checkpoint, for_resume=False).get("corpus_fingerprint")
+        if saved is not None and saved != self.data.corpus_fingerprint:
+            raise PlelabError(f"{source.checkpoint} was trained on another corpus than its config now gives "
+                              f"(sha256 {saved[:12]}…, now {self.data.corpus_fingerprint[:12]}…); restore its data")
         self.table = source.load()
-        self.counts = row_occurrences(self.cfg, self.data, self.step)
+        self.alpha = read_state(source.checkpoint, for_resume=False).get("table_decay_alpha")
+        self.counts = _saved_counts(source.checkpoint)
+        if self.counts is None:
+            self.counts = row_occurrences(self.cfg, self.data, self.step)
         w0 = initial_table(self.cfg).view(self.table.shape)
-        self.delta = self.table - weight_decay_shrink(self.cfg, self.step) * w0
+        alpha = self.alpha if self.alpha is not None else weight_decay_shrink(self.cfg, self.step)
+        self.delta = self.table - alpha * w0
 
 
 def _wt_stats_streamed(source: TableSource, progress: bool) -> list[StreamingMoments]:
@@ -109,8 +141,12 @@ def _wt_stats_streamed(source: TableSource, progress: bool) -> list[StreamingMom
 
 def diagnose(path: str | Path, reference: str | Path | None = None, null_run: str | Path | None = None,
              use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int = 128,
-             progress: bool = True) -> dict:
+             progress: bool = True, null_reference: str | Path | None = None) -> dict:
     """Everything ``plelab diagnose`` reports, as a JSON-ready dict."""
+    if windows < 1:
+        raise PlelabError(f"--windows must be >= 1, got {windows}")
+    if null_reference is not None and (null_run is None or reference is None):
+        raise PlelabError("--null-reference needs --null (the null run) and --reference (this run's second seed)")
     source = find_table(path, num_layers, dim)
     L, dP = source.num_layers, source.dim
     report: dict = {"source": str(path), "table_file": str(source.file), "key": source.key, "step": source.step,
@@ -134,11 +170,14 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     run = RunTable(source)
     ref = RunTable(find_table(reference)) if reference is not None else None
     nul = RunTable(find_table(null_run)) if null_run is not None else None
-    for other, what in ((ref, "--reference"), (nul, "--null")):
+    nul_ref = RunTable(find_table(null_reference)) if null_reference is not None else None
+    for other, what in ((ref, "--reference"), (nul, "--null"), (nul_ref, "--null-reference")):
         if other is not None and other.delta.shape != run.delta.shape:
             raise PlelabError(f"{what} run's table has shape {list(other.delta.shape)}, this one "
                               f"{list(run.delta.shape)}; compare runs of the same config")
     used = run.counts > 0
+    if not used.any():
+        raise PlelabError(f"{source.checkpoint} has no table row looked up yet (step {source.step}); train further")
     both = used & (ref.counts > 0) if ref is not None else used
     occ = run.counts[used]
     report["rows"] = {"total": source.rows, "used": int(used.sum()), "fraction_used": float(used.mean()),
@@ -162,6 +201,12 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
             layer["null_run_delta_used"] = matrix_stats(nul.delta[nul.counts > 0, i]).to_dict()
     table_cka = (cka_against_null(run.delta[both].flatten(1), ref.delta[both].flatten(1), run.counts[both])
                  if ref is not None else None)
+    null_run_cka = None
+    if nul_ref is not None:
+        nboth = (nul.counts > 0) & (nul_ref.counts > 0)
+        null_run_cka = linear_cka(_comparable(nul.delta[nboth].flatten(1), nul.counts[nboth]),
+                                  _comparable(nul_ref.delta[nboth].flatten(1), nul.counts[nboth]))
+        report["null_run_cka"] = null_run_cka
     use_table: dict | None = None
     use_layers: dict[int, dict] = {}
     if use:
@@ -192,6 +237,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     extra = [f"reset-to-init costs {reset['delta']:+.4f}±{reset['se']:.4f} nats"] if reset else []
     report["table"] = {"cross_seed": table_cka, "use": use_table,
                        "verdict": verdict(table_cka and table_cka["cka"], table_cka and table_cka["null_mean"],
-                                          table_cka and table_cka["null_sd"], delta=perm and perm["delta"],
-                                          se=perm and perm["se"], extra=extra).to_dict()}
+                                          table_cka and table_cka["null_sd"], null_run_cka,
+                                          delta=perm and perm["delta"], se=perm and perm["se"],
+                                          extra=extra).to_dict()}
     return report

@@ -28,8 +28,12 @@ class RowCounter:
         if table_ids is not None:
             self.counts += torch.bincount(table_ids.reshape(-1), minlength=len(self.counts))
 
-    def fraction_touched(self) -> float:
-        return float((self.counts > 0).float().mean())
+    def fraction_touched(self, dist=None) -> float:
+        """Fraction of rows looked up so far, over all ranks (collective under torchrun)."""
+        from plelab.train.distributed import sum_across_ranks
+
+        counts = sum_across_ranks(self.counts, dist) if dist is not None else self.counts
+        return float((counts > 0).float().mean())
 
 
 def probe_context(model: PLECausalLM, enabled: bool):
@@ -39,9 +43,9 @@ def probe_context(model: PLECausalLM, enabled: bool):
     return SignalProbe(model) if enabled and model.pc.enabled else contextlib.nullcontext()
 
 
-def live_row(probe, model: PLECausalLM, counter: RowCounter) -> dict:
+def live_row(probe, model: PLECausalLM, counter: RowCounter, dist=None) -> dict:
     """The cheap per-layer metrics of one step (call after backward, before the optimizer step)."""
-    return {"diag": {**probe.summary(), **gradient_norms(model), "rows_touched": counter.fraction_touched()}}
+    return {"diag": {**probe.summary(), **gradient_norms(model), "rows_touched": counter.fraction_touched(dist)}}
 
 
 def initial_table(cfg: RunConfig) -> torch.Tensor:

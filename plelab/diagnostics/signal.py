@@ -33,9 +33,25 @@ def _full(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.full_tensor() if t is not None and hasattr(t, "full_tensor") else t
 
 
+def _sq_sum(t: torch.Tensor, cols: slice = slice(None)) -> torch.Tensor:
+    """Sum of squares of ``t[:, cols]`` (or all of ``t``) without gathering a sharded tensor:
+    for an FSDP2 DTensor (rows sharded) each rank sums its shard and one all-reduce adds them."""
+    if hasattr(t, "to_local"):
+        from torch.distributed.tensor import Shard
+
+        local = t.to_local().detach().float()
+        part = (local[:, cols] if local.ndim == 2 else local).pow(2).sum()
+        if any(isinstance(p, Shard) for p in t.placements):
+            import torch.distributed as dist
+
+            dist.all_reduce(part)
+        return part
+    t = t.detach().float()
+    return (t[:, cols] if t.ndim == 2 and cols != slice(None) else t).pow(2).sum()
+
+
 def _norm(t: torch.Tensor | None) -> float | None:
-    t = _full(t)
-    return None if t is None else float(t.detach().float().norm())
+    return None if t is None else float(_sq_sum(t).sqrt())
 
 
 class SignalProbe:
@@ -85,15 +101,15 @@ class SignalProbe:
 def gradient_norms(model: PLECausalLM) -> dict[str, list]:
     """Per-layer gradient norms after a backward: table slice, gate, projection and trunk."""
     tm, dP = model.model, model.pc.dim
-    table_grad = _full(tm.embed_tokens_per_layer.weight.grad)
+    table_grad = tm.embed_tokens_per_layer.weight.grad
     out: dict[str, list] = {"grad_table": [], "grad_gate": [], "grad_proj": [], "grad_trunk": []}
     for i, layer in enumerate(tm.layers):
         out["grad_table"].append(None if table_grad is None else
-                                 float(table_grad[:, i * dP:(i + 1) * dP].float().norm()))
+                                 float(_sq_sum(table_grad, slice(i * dP, (i + 1) * dP)).sqrt()))
         gate = (layer.per_layer_input_gate.weight if layer.gate_kind == "gemma"
                 else getattr(layer, "per_layer_gate", None))
         out["grad_gate"].append(None if gate is None else _norm(gate.grad))
         out["grad_proj"].append(_norm(layer.per_layer_projection.weight.grad))
-        trunk = [_full(p.grad) for m in (layer.self_attn, layer.mlp) for p in m.parameters() if p.grad is not None]
-        out["grad_trunk"].append(float(torch.stack([g.float().norm() for g in trunk]).norm()) if trunk else None)
+        trunk = [_sq_sum(p.grad) for m in (layer.self_attn, layer.mlp) for p in m.parameters() if p.grad is not None]
+        out["grad_trunk"].append(float(torch.stack(trunk).sum().sqrt()) if trunk else None)
     return out

@@ -61,6 +61,7 @@ class StreamingMoments:
         self.unit_sum = torch.zeros(d, dtype=torch.float64)
         self.norm_sum = 0.0
         self.count = 0
+        self.nonzero = 0  # rows with norm > 0 (a zero row has no direction: left out of the cosines)
         k = min(n, SAMPLE_ROWS)
         self.sample_idx = np.unique(np.linspace(0, n - 1, num=k).round().astype(np.int64)) if n else np.zeros(0, int)
         # Preallocated: appending small tensors chunk by chunk fragments the heap (measured: +3 MB per chunk).
@@ -74,6 +75,7 @@ class StreamingMoments:
         self.col_sum += x.sum(0)
         norms = x.norm(dim=1)
         self.norm_sum += float(norms.sum())
+        self.nonzero += int((norms > 0).sum())
         self.unit_sum += (x / norms.clamp_min(1e-30).unsqueeze(1)).sum(0)
         lo, hi = np.searchsorted(self.sample_idx, [start, start + len(x)])
         if hi > lo:
@@ -86,7 +88,8 @@ class StreamingMoments:
         mean = self.col_sum / max(n, 1)
         cov = self.gram - n * torch.outer(mean, mean)
         eig_cov = torch.linalg.eigvalsh(cov)
-        mean_cos = float((self.unit_sum.dot(self.unit_sum) - n) / (n * (n - 1))) if n > 1 else float("nan")
+        m = self.nonzero
+        mean_cos = float((self.unit_sum.dot(self.unit_sum) - m) / (m * (m - 1))) if m > 1 else float("nan")
         abs_cos = float("nan")
         if self.sampled:
             s = self.sample[:self.sampled]

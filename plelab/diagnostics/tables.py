@@ -87,7 +87,9 @@ def _hf_dims(folder: Path) -> tuple[int | None, int | None]:
         cfg = json.loads(cfg_path.read_text())
     except (OSError, ValueError):
         raise PlelabError(f"{cfg_path} is not valid JSON; fix it or pass --num-layers and --dp") from None
-    text = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+    text = cfg.get("text_config") or cfg if isinstance(cfg, dict) else {}
+    if not isinstance(text, dict):
+        return None, None
     return text.get("num_hidden_layers"), text.get("hidden_size_per_layer_input")
 
 

@@ -21,13 +21,12 @@ from tqdm.auto import tqdm
 
 from plelab.config.schema import RunConfig
 from plelab.data.tokens import PackedSampler, TokenData, val_windows
-from plelab.diagnostics.diagnose import weight_decay_shrink
 from plelab.diagnostics.live import RowCounter, checkpoint_diagnostics, live_row, probe_context
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import write_json
 from plelab.model.accounting import flops_per_token
-from plelab.model.init import build_model
+from plelab.model.init import build_model, param_seed
 from plelab.provenance import provenance
 from plelab.runtime import resolve_device, seed_everything, setup_torch
 from plelab.train import checkpoint as ckpt
@@ -101,6 +100,7 @@ class Trainer:
         self.step, self.tokens_seen, self.wall_before = 0, 0, 0.0
         self.val_history: list[tuple[int, float]] = []
         self.recent_losses: list[float] = []  # the last eval_every train losses (for the train–val gap)
+        self.table_alpha = 1.0  # Π (1 − lr·wd) of the table group: how much of W_0 is left in W_t
         self.sinks = None
         if self.run_dir is not None:
             self._open_run(resume)
@@ -147,6 +147,7 @@ class Trainer:
             self.step, self.tokens_seen = state["step"], state["tokens_seen"]
             self.val_history = [tuple(v) for v in state["val_history"]]
             self.recent_losses = list(state["recent_train_losses"])
+            self.table_alpha = state.get("table_decay_alpha", 1.0)
             self.wall_before = state["wall_seconds"]
             self.log(f"resumed {run} from {latest.name} (step {self.step})")
         elif resume:
@@ -168,12 +169,12 @@ class Trainer:
             if self.dist.is_main and not (self.dist.enabled and self.cfg.train.parallel == "fsdp"):
                 tc = self.cfg.train
                 windows = self.val[:tc.diag_windows] if tc.diag_windows else None
-                diagnostics = checkpoint_diagnostics(self.model, self.cfg, counts.cpu().numpy(),
-                                                     weight_decay_shrink(self.cfg, self.step), windows, self.device)
+                diagnostics = checkpoint_diagnostics(self.model, self.cfg, counts.cpu().numpy(), self.table_alpha,
+                                                     windows, self.device)
         if self.dist.is_main:
             ckpt.save_checkpoint(self.run_dir, self.step, model_t, opt_t, {
                 "tokens_seen": self.tokens_seen, "val_history": self.val_history, "config": self.cfg.to_dict(),
-                "recent_train_losses": self.recent_losses,
+                "recent_train_losses": self.recent_losses, "table_decay_alpha": self.table_alpha,
                 "wall_seconds": self.wall_before + self._elapsed(), "corpus_fingerprint": self.data.corpus_fingerprint,
                 "world_size": self.dist.world_size}, keep=self.cfg.train.keep_checkpoints, extra_tensors=extra,
                 diagnostics=diagnostics)
@@ -188,12 +189,17 @@ class Trainer:
     def train_step(self) -> dict:
         tc, step = self.cfg.train, self.step
         set_lr(self.opt, lr_multiplier(step, tc))
-        diag_step = bool(self.rows is not None and tc.diag_every and (step + 1) % tc.diag_every == 0)
+        # Probes are off under torch.compile: toggling them would recompile and change the fused graph.
+        diag_step = bool(self.rows is not None and tc.diag_every and not tc.compile
+                         and (step + 1) % tc.diag_every == 0)
         t0 = time.perf_counter()
         total = torch.zeros((), device=self.device)
         for m in range(tc.grad_accum):
             first = (self.dist.rank * tc.grad_accum + m) * self.micro_batch
             x, y = self.sampler.batch(step, tc.batch_size, slice(first, first + self.micro_batch))
+            if self.cfg.ple.enabled and self.cfg.ple.ids == "iid":  # distinct, resumable draws per rank/micro-step
+                self.model.model.iid_generator = torch.Generator(device=self.device).manual_seed(
+                    param_seed(self.cfg.seed, f"iid:{step}:{self.dist.rank}:{m}"))
             sync_off = m < tc.grad_accum - 1 and hasattr(self.wrapped, "no_sync")
             with (self.wrapped.no_sync() if sync_off else contextlib.nullcontext()), self._autocast(), \
                     probe_context(self.model, diag_step and m == 0) as probe:
@@ -208,11 +214,14 @@ class Trainer:
         if not math.isfinite(loss):
             raise PlelabError(f"the loss became {loss} at step {step + 1}; lower train.lr or check the data "
                               "(the last checkpoint is kept)")
-        extra = live_row(first_probe, self.model, self.rows) if diag_step else {}
+        extra = live_row(first_probe, self.model, self.rows, self.dist) if diag_step else {}
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip if tc.grad_clip > 0 else math.inf)
         gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        for g in self.opt.param_groups:
+            if g["name"] == "ple_table":
+                self.table_alpha *= 1 - g["lr"] * g["weight_decay"]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
