@@ -77,7 +77,7 @@ def structure_verdict(cka: float | None, null_mean: float | None, null_sd: float
 
 def use_verdict(delta: float | None, se: float | None, kind: str = "permute") -> tuple[str, str]:
     if delta is None:
-        return UNDECIDED, "no model/data to run the use test (diagnose a plelab run or checkpoint)"
+        return UNDECIDED, "use test not run (--no-use given, or no model and data: diagnose a plelab run or checkpoint)"
     reason = f"{kind} rows costs {delta:+.4f}±{se:.4f} nats"
     if delta - 4 * se > 0 and delta >= DELTA_USE:
         return USED, reason
