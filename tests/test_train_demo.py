@@ -125,3 +125,11 @@ def test_missing_optional_sink_fails_before_writing(tmp_path, capsys, monkeypatc
                  "--set", setting]) == 2
     assert needle in capsys.readouterr().err
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.slow
+def test_torch_compile_matches_eager(tiny_data):
+    eager = train(resolve_config("cpu-tiny", steps=4), tiny_data, progress=False, log=lambda *a: None)
+    compiled = train(resolve_config("cpu-tiny", ["train.compile=true"], steps=4), tiny_data, progress=False,
+                     log=lambda *a: None)
+    assert compiled.train_losses == pytest.approx(eager.train_losses, abs=1e-5)
