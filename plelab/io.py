@@ -8,11 +8,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from plelab.errors import PlelabError
+
 
 def cache_dir(*parts: str) -> Path:
     """``$PLELAB_CACHE`` (default ``~/.cache/plelab``) joined with ``parts``, created if missing."""
-    from plelab.errors import PlelabError
-
     root = Path(os.environ.get("PLELAB_CACHE") or Path.home() / ".cache" / "plelab")
     path = root.joinpath(*parts)
     try:

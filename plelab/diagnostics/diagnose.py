@@ -114,12 +114,13 @@ class RunTable:
 
         self.source, self.cfg, self.step = source, source.config, source.step
         self.data = data or prepare_data(self.cfg, progress=False)
-        saved = read_state(source.checkpoint, for_resume=False).get("corpus_fingerprint")
+        state = read_state(source.checkpoint, for_resume=False)
+        saved = state.get("corpus_fingerprint")
         if saved is not None and saved != self.data.corpus_fingerprint:
             raise PlelabError(f"{source.checkpoint} was trained on another corpus than its config now gives "
                               f"(sha256 {saved[:12]}…, now {self.data.corpus_fingerprint[:12]}…); restore its data")
         self.table = source.load()
-        self.alpha = read_state(source.checkpoint, for_resume=False).get("table_decay_alpha")
+        self.alpha = state.get("table_decay_alpha")
         self.counts = _saved_counts(source.checkpoint)
         if self.counts is None:
             self.counts = row_occurrences(self.cfg, self.data, self.step)

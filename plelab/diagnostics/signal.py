@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from plelab.diagnostics.structure import _erank
+from plelab.diagnostics.structure import effective_rank
 from plelab.model.transformer import PLECausalLM
 
 _MAX_TOKENS = 1024
@@ -67,7 +67,7 @@ class SignalProbe:
             with torch.no_grad():
                 self.stats["snr"][index] = _rms(branch) / max(_rms(h), 1e-30)
                 rows = branch.detach().reshape(-1, branch.shape[-1])[:_MAX_TOKENS].float()
-                self.stats["branch_erank"][index] = _erank(torch.linalg.svdvals(rows).pow(2))
+                self.stats["branch_erank"][index] = effective_rank(torch.linalg.svdvals(rows).pow(2))
                 if layer.gate_kind == "gemma":
                     self.stats["gate"][index] = float(F.gelu(layer.per_layer_input_gate(h), approximate="tanh")
                                                       .abs().mean())

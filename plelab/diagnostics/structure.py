@@ -41,7 +41,8 @@ class MatrixStats:
         return asdict(self)
 
 
-def _erank(eigenvalues: torch.Tensor) -> float:
+def effective_rank(eigenvalues: torch.Tensor) -> float:
+    """Roy & Vetterli erank ``exp(H(σ/Σσ))`` from eigenvalues ``σ²`` of a Gram matrix."""
     sigma = eigenvalues.clamp_min(0).sqrt()
     total = sigma.sum()
     if total <= 0:
@@ -99,7 +100,8 @@ class StreamingMoments:
             abs_cos = float((c.sum() - c.diagonal().sum()) / (k * (k - 1))) if k > 1 else float("nan")
         trace = float(eig_cov.clamp_min(0).sum())
         return MatrixStats(n=n, d=d, mean_cos=mean_cos, mean_abs_cos=abs_cos,
-                           erank_raw=_erank(torch.linalg.eigvalsh(self.gram)), erank_centred=_erank(eig_cov),
+                           erank_raw=effective_rank(torch.linalg.eigvalsh(self.gram)),
+                           erank_centred=effective_rank(eig_cov),
                            pc1=float(eig_cov.max()) / trace if trace > 0 else float("nan"),
                            mean_row_norm=self.norm_sum / max(n, 1))
 

@@ -60,7 +60,7 @@ def gather_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[di
     osd = get_optimizer_state_dict(model, opt, options=_FULL)
     flat = {f"{name}.{k}": v for name, st in osd.get("state", {}).items() for k, v in st.items() if torch.is_tensor(v)}
     return ({k: v.detach().contiguous() for k, v in msd.items()},
-            {k: v.detach().reshape(v.shape).contiguous() for k, v in flat.items()})
+            {k: v.detach().contiguous() for k, v in flat.items()})
 
 
 def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: dict, state: dict,

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from plelab.config.schema import RunConfig
 from plelab.data.tokens import PackedSampler, TokenData, val_windows
 from plelab.diagnostics.live import RowCounter, checkpoint_diagnostics, live_row, probe_context
+from plelab.diagnostics.usage import window_losses
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import write_json
@@ -235,19 +236,10 @@ class Trainer:
                 "mfu": (tps * self.flops_per_token / (self.peak_flops * self.dist.world_size)
                         if self.peak_flops else None), **extra}
 
-    @torch.no_grad()
     def evaluate(self) -> float:
         """Mean next-token CE (nats) over the fixed validation windows (every rank runs all of them)."""
-        self.model.eval()
-        total, count = 0.0, 0
-        for i in range(0, len(self.val), self.micro_batch):
-            chunk = self.val[i:i + self.micro_batch].to(self.device)
-            with self._autocast():
-                loss = self.model(chunk[:, :-1], labels=chunk[:, 1:]).loss
-            total += loss.item() * chunk.shape[0]
-            count += chunk.shape[0]
-        self.model.train()
-        return total / count
+        with self._autocast():
+            return float(window_losses(self.model, self.val, self.micro_batch, self.device).mean())
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._start
