@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     from plelab.demo import add_demo_parser
 
     add_demo_parser(sub, _config_args)
+    from plelab.sweep.commands import add_sweep_parsers
+
+    add_sweep_parsers(sub, _config_args)
     return parser
 
 

@@ -1,92 +1,122 @@
-"""``plelab demo``: the seed's parameter table, then a short paired dP study on the embedded corpus.
+"""``plelab demo``: the seed's parameter table, then a paired multi-seed dP study on the embedded
+corpus with its diagnostics and report.
 
 1. Exact PLE accounting of the seed's 3B model for dP in {0, 64, 128, 256, 512}.
-2. The embedded corpus (Python's own documentation), a BPE tokenizer trained on it, and
-   the validation split's unigram entropy (the loss a context-free model cannot beat).
-3. Training runs at the chosen preset for each dP with the same seed: the same data
-   order and bit-identical initial trunk weights, so ΔLoss is a within-pair difference.
+2. The embedded corpus (Python's own documentation), a BPE tokenizer trained on it, and the
+   validation split's unigram entropy (the loss a context-free model cannot beat).
+3. A sweep (``plelab.sweep``): every dP arm × seeds, paired (same data order and initial trunk per
+   seed), the diagnostics at an early and the final checkpoint, then the report.
+
+Profiles: the default fits the 15-minute budget on a 2-core CPU; ``--quick`` is the CI smoke test
+(≤ 2 minutes); ``--study`` is a real CPU study (hours); ``--study-gpu`` the same on one GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from plelab.report.tables import accounting_tables, format_table
-
-DEMO_STEPS = 300
+from plelab.report.tables import accounting_tables
 
 
-def run_demo(preset: str = "cpu-small", dims: list[int] | None = None, steps: int | None = None,
-             out: str | Path | None = None, overrides: list[str] | None = None, seed: int | None = None,
-             data_path: str | None = None, progress: bool = True, log=print) -> dict:
+@dataclass
+class Profile:
+    preset: str
+    dims: list[int]
+    seeds: int
+    steps: int
+    controls: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
+    about: str = ""
+
+
+PROFILES = {
+    "default": Profile("cpu-sweep", [0, 8, 32], 3, 240, about="≈8 minutes on 2 CPU cores"),
+    "quick": Profile("cpu-tiny", [0, 8, 16], 3, 60, overrides=["train.early_checkpoint=20", "train.diag_every=10",
+                                                                 "train.checkpoint_every=0"], about="≤ 2 minutes"),
+    "study": Profile("cpu-sweep", [0, 8, 16, 32, 64], 6, 2000,
+                     controls=["frozen", "zero", "matched", "table-lr", "boost"],
+                     overrides=["train.eval_every=100", "train.early_checkpoint=400", "train.checkpoint_every=500",
+                                "train.diag_every=100", "train.warmup_steps=100"], about="hours on a CPU"),
+    "study-gpu": Profile("gpu-125m", [0, 32, 64, 128, 256], 3, 5000, controls=["frozen", "zero", "matched", "boost"],
+                         overrides=["train.early_checkpoint=1000", "train.checkpoint_every=1000"],
+                         about="one GPU, ≈a day"),
+}
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def run_demo(profile: str = "default", out: str | Path | None = None, data_path: str | None = None,
+             jobs: int | None = None, progress: bool = True, log=print) -> Path:
     from plelab.config import resolve_config
     from plelab.data.pipeline import prepare_data
     from plelab.model.accounting import account
-    from plelab.train.trainer import train
+    from plelab.report.sweep import write_report
+    from plelab.sweep.runner import run_sweep
+    from plelab.sweep.spec import SweepSpec, dp_arms, merge_spec
 
     started = time.perf_counter()
-    out = Path(out) if out is not None else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-    seed_rows = []
+    prof = PROFILES[profile]
+    out = Path(out) if out is not None else Path("runs") / time.strftime(f"demo-{profile}-%Y%m%d-%H%M%S")
+    rows = []
     for dp in (0, 64, 128, 256, 512):
         c = resolve_config("seed-3b", dp=dp)
-        seed_rows.append(account(c.model, c.ple, c.train.seq_len))
-    log(accounting_tables("seed-3b", seed_rows, "H=2560, L=32, V=100,096, 20Q/4KV heads, FFN 6912, tied"))
+        rows.append(account(c.model, c.ple, c.train.seq_len))
+    log(accounting_tables("seed-3b", rows, "H=2560, L=32, V=100,096, 20Q/4KV heads, FFN 6912, tied"))
 
-    base = resolve_config(preset, overrides, seed=seed, steps=steps)
-    if data_path is not None:
-        base.data.path = data_path
-    dims = dims if dims is not None else sorted({0, base.ple.dim})
+    overrides = list(prof.overrides) + ([f"data.path={data_path}"] if data_path else [])
+    base = resolve_config(prof.preset, overrides, steps=prof.steps)
     data = prepare_data(base, progress=progress)
     entropy = data.unigram_entropy(base.model.vocab_size)
     log(f"\ncorpus {data.corpus_name}: {data.n_train_docs + data.n_val_docs:,} distinct documents, "
-        f"sha256 {data.corpus_fingerprint[:16]}…; {data.n_duplicates} duplicates removed")
-    log(f"tokens: train {len(data.train):,} ({data.n_train_docs} docs), validation {len(data.val):,} "
-        f"({data.n_val_docs} docs); validation unigram entropy {entropy:.3f} nats")
-    tokens = base.train.steps * base.train.batch_size * base.train.seq_len
-    log(f"training {preset} for {base.train.steps} steps ({tokens:,} tokens, "
-        f"{tokens / len(data.train):.2f} epochs) at dP in {dims}, seed {base.seed}\n")
-
-    rows, results = [], {}
-    for dp in dims:
-        cfg = resolve_config(preset, overrides, seed=seed, steps=steps, dp=dp)
-        cfg.data.path = base.data.path
-        res = train(cfg, data, out_dir=Path(out) / f"dp{dp}", progress=progress, log=lambda *a: None)
-        acc = account(cfg.model, cfg.ple, cfg.train.seq_len)
-        results[dp] = {"val_loss": res.final_val_loss, "train_loss": res.train_losses[-1],
-                       "params": acc.total, "tokens_per_second": res.tokens_per_second}
-        log(f"  dP={dp:<4} val loss {res.final_val_loss:.4f}  ({res.tokens_per_second:,.0f} tokens/s)")
-    ref = results[dims[0]]["val_loss"]
-    for dp in dims:
-        r = results[dp]
-        rows.append([dp, f"{r['params']:,}", f"{r['train_loss']:.4f}", f"{r['val_loss']:.4f}",
-                     f"{r['val_loss'] - ref:+.4f}", f"{entropy - r['val_loss']:.3f}", f"{r['tokens_per_second']:,.0f}"])
-    log("\n" + format_table(["dP", "params", "train loss", "val loss", f"Δ vs dP={dims[0]}",
-                             "below unigram (nats)", "tokens/s"], rows,
-                            title=f"Paired runs ({preset}, seed {base.seed}, {base.train.steps} steps)"))
-    log(f"\nOne seed: at this scale the seed-to-seed spread is 0.04–0.1 nats, as large as the effects, so a\n"
-        f"single pair is an illustration, not a verdict. Runs are in {out}/ (config.json, metrics.jsonl, "
-        f"summary.json).\nDemo wall time {time.perf_counter() - started:.0f} s.")
-    return {"unigram_entropy": entropy, "results": results}
+        f"sha256 {data.corpus_fingerprint[:16]}…; tokens: train {len(data.train):,}, validation {len(data.val):,}; "
+        f"validation unigram entropy {entropy:.3f} nats")
+    tokens = prof.steps * base.train.batch_size * base.train.seq_len
+    log(f"sweep ({profile}, {prof.about}): {prof.preset}, dP {prof.dims} × {prof.seeds} seeds"
+        + (f" + controls {', '.join(prof.controls)}" if prof.controls else "")
+        + f", {prof.steps} steps = {tokens:,} tokens ({tokens / len(data.train):.2f} epochs) per run\n")
+    spec = SweepSpec(preset=prof.preset, overrides=overrides, seeds=list(range(prof.seeds)), steps=prof.steps,
+                     arms=dp_arms(prof.dims, prof.controls))
+    spec = merge_spec(out, spec)
+    if jobs is None:
+        jobs = 1 if base.train.device.startswith("cuda") else max(1, min(_cores(), 8))
+    run_sweep(out, spec, jobs=jobs, progress=progress, log=log)
+    paths = write_report(out, progress=progress)
+    report = next(p for p in paths if p.suffix == ".html")
+    findings = (out / "report" / "report.md").read_text().split("## Findings", 1)[1].split("\n## ", 1)[0]
+    log("\nFindings" + findings.rstrip())
+    log(f"\nReport: {report} (Markdown beside it: {report.with_suffix('.md')}); "
+        f"plelab advise {out} recommends a dP from it.")
+    log(f"Demo wall time {time.perf_counter() - started:.0f} s.")
+    return report
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from plelab.cli import _parse_dp_list
+    profile = next((p for p, on in (("quick", args.quick), ("study", args.study), ("study-gpu", args.study_gpu)) if on),
+                   "default")
+    from plelab.errors import ConfigError
 
-    dims = _parse_dp_list(args.dp) if args.dp else None
-    run_demo(preset=args.preset, dims=dims, steps=args.steps, out=args.out, overrides=args.overrides,
-             seed=args.seed, data_path=args.data, progress=not args.no_progress)
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+    run_demo(profile, out=args.out, data_path=args.data, jobs=args.jobs, progress=not args.no_progress)
     return 0
 
 
-def add_demo_parser(sub, config_args) -> None:
-    p = sub.add_parser("demo", help="accounting tables + a short paired dP study on the embedded corpus")
-    config_args(p)
-    p.set_defaults(preset="cpu-small", func=cmd_demo)
-    p.add_argument("--dp", help="comma-separated dP values to train (default: 0 and the preset's dP)")
-    p.add_argument("--steps", type=int, default=DEMO_STEPS,
-                   help=f"training steps per run (default {DEMO_STEPS}, about 4 minutes per cpu-small run on 2 cores)")
-    p.add_argument("--data", help="your own UTF-8 text file or folder instead of the embedded corpus")
-    p.add_argument("--out", help="output folder (default runs/demo-DATE-TIME)")
+def add_demo_parser(sub, config_args=None) -> None:
+    p = sub.add_parser("demo", help="the seed's accounting + a paired multi-seed dP study with diagnostics and report")
+    p.set_defaults(func=cmd_demo)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_true", help=f"the smoke test ({PROFILES['quick'].about})")
+    which.add_argument("--study", action="store_true",
+                       help=f"a real study: 5 dP × 6 seeds + all controls ({PROFILES['study'].about})")
+    which.add_argument("--study-gpu", action="store_true",
+                       help=f"the study at gpu-125m ({PROFILES['study-gpu'].about})")
+    p.add_argument("--data", help="your own text file or folder instead of the embedded corpus")
+    p.add_argument("--out", help="the sweep folder (default runs/demo-PROFILE-DATE-TIME; rerun to resume)")
+    p.add_argument("--jobs", type=int, help="worker processes (default: one per core, up to 8; 1 on a GPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -73,27 +73,20 @@ def test_training_is_deterministic_and_learns(tiny_data, tmp_path):
     assert {"loss", "lr", "grad_norm", "tokens", "epoch", "tokens_per_second"} <= set(rows[0])
 
 
-def test_demo_runs_end_to_end(tmp_path, capsys):
-    code = main(["demo", "--preset", "cpu-tiny", "--steps", "8", "--dp", "0,8", "--out", str(tmp_path),
-                 "--no-progress"])
-    assert code == 0
-    out = capsys.readouterr().out
-    assert "2,458,421,760" in out and "882,983,168" in out and "unigram entropy" in out
-    assert (tmp_path / "dp0" / "summary.json").exists() and (tmp_path / "dp8" / "summary.json").exists()
-
-
-def test_demo_on_user_text_and_bad_data(tmp_path, capsys):
+def test_sweep_on_user_text_and_demo_bad_data(tmp_path, capsys):
     text = tmp_path / "mine.txt"
     text.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog {i % 7} times."
                                 for i in range(3000)))
-    assert main(["demo", "--preset", "cpu-tiny", "--steps", "3", "--dp", "0", "--data", str(text),
+    assert main(["sweep", "--preset", "cpu-tiny", "--steps", "3", "--dp", "0,8", "--seeds", "1", "--data", str(text),
                  "--out", str(tmp_path / "r"), "--no-progress", "--set", "train.seq_len=16"]) == 0
-    capsys.readouterr()
+    assert "wrote" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "r" / "runs" / "dp8" / "seed-0" / "config.json").read_text())
+    assert saved["data"]["path"] == str(text)
     binary = tmp_path / "bin.txt"
     binary.write_bytes(b"\x00\x01\x02" * 100)
-    assert main(["demo", "--preset", "cpu-tiny", "--data", str(binary), "--out", str(tmp_path / "x")]) == 2
+    assert main(["demo", "--quick", "--data", str(binary), "--out", str(tmp_path / "x")]) == 2
     assert "looks binary" in capsys.readouterr().err
-    assert main(["demo", "--preset", "cpu-tiny", "--data", str(tmp_path / "missing.txt")]) == 2
+    assert main(["demo", "--quick", "--data", str(tmp_path / "missing.txt")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 

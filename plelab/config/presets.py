@@ -6,7 +6,8 @@
 - ``gemma3n-e2b`` / ``gemma3n-e4b``: Gemma 3n's PLE dimensions (Vp=262,144, dP=256,
   H=2048, L=30 / 35) on plelab's plain trunk. The PLE counts are Gemma 3n's exactly; the
   trunk has no AltUp / LAuReL / KV sharing, so its count is not Gemma 3n's total.
-- ``cpu-tiny``: tests (seconds). ``cpu-small``: ~6.8M trunk params, the CPU demo scale.
+- ``cpu-tiny``: tests (seconds). ``cpu-small``: ~6.8M trunk params, single CPU runs.
+- ``cpu-sweep``: ~1.3M params, the dP study's CPU shape (``plelab demo`` / ``plelab sweep``).
 - ``gpu-125m``: a GPT-2-small-sized model for one GPU.
 """
 
@@ -68,6 +69,19 @@ def cpu_small() -> RunConfig:
     )
 
 
+def cpu_sweep() -> RunConfig:
+    """The dP study's CPU shape: ~1.3M trunk params, ~0.3 s/step on one core (two runs in parallel)."""
+    return RunConfig(
+        preset="cpu-sweep",
+        model=ModelConfig(vocab_size=4096, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=384),
+        ple=PLEConfig(dim=32),
+        train=TrainConfig(steps=300, batch_size=16, seq_len=128, lr=3e-3, warmup_steps=30, eval_every=25,
+                          eval_batches=8, log_every=50, checkpoint_every=100, keep_checkpoints=1,
+                          early_checkpoint=75, diag_every=25, diag_windows=32),
+    )
+
+
 def gpu_125m() -> RunConfig:
     return RunConfig(
         preset="gpu-125m",
@@ -83,6 +97,7 @@ def gpu_125m() -> RunConfig:
 PRESETS: dict[str, Callable[[], RunConfig]] = {
     "cpu-tiny": cpu_tiny,
     "cpu-small": cpu_small,
+    "cpu-sweep": cpu_sweep,
     "gpu-125m": gpu_125m,
     "seed-3b": seed_3b,
     "gemma3n-e2b": gemma3n_e2b,

@@ -16,6 +16,7 @@ from plelab.errors import ConfigError
 
 GateKind = Literal["gemma", "scalar", "vector", "none"]
 TableIds = Literal["token", "iid"]
+TableMode = Literal["learned", "frozen", "zero"]
 Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
 GATE_KINDS: tuple[str, ...] = ("gemma", "scalar", "vector", "none")
@@ -94,6 +95,19 @@ class PLEConfig:
     # What keys the table: "token" (the real ids), or "iid" — a null control whose ids are drawn
     # i.i.d. for every occurrence from the real ids' frequencies, so that they carry no information.
     ids: TableIds = "token"
+    # Controls of the dP study: "learned" (trained), "frozen" (kept at its random init — is a gain a
+    # regularisation side effect?), "zero" (all zeros, frozen: only the model-level projection path remains).
+    table: TableMode = "learned"
+    # The lookup is multiplied by table_scale · sqrt(table_scale_dim or dim). Gemma: sqrt(dP), so the
+    # table's share of the per-layer input and its effective step size grow with dP; a fixed
+    # table_scale_dim holds both constant across dP (the scale-matched arm); table_scale > 1 boosts it.
+    table_scale: float = 1.0
+    table_scale_dim: int | None = None
+
+    @property
+    def embed_scale(self) -> float:
+        """The multiplier of the table lookup ``z = scale · T[x]`` (Gemma: ``sqrt(dP)``)."""
+        return self.table_scale * (self.table_scale_dim if self.table_scale_dim is not None else self.dim) ** 0.5
 
     @property
     def enabled(self) -> bool:
@@ -108,6 +122,10 @@ class PLEConfig:
                  "an integer >= 2, or none for model.vocab_size")
         _require(self.gate in GATE_KINDS, "ple.gate", self.gate, " | ".join(GATE_KINDS))
         _require(self.ids in ("token", "iid"), "ple.ids", self.ids, "token | iid")
+        _require(self.table in ("learned", "frozen", "zero"), "ple.table", self.table, "learned | frozen | zero")
+        _require(self.table_scale > 0, "ple.table_scale", self.table_scale, "a number > 0")
+        _require(self.table_scale_dim is None or self.table_scale_dim >= 1, "ple.table_scale_dim",
+                 self.table_scale_dim, "an integer >= 1, or none for ple.dim (Gemma's sqrt(dP))")
         _require(self.table_init_std is None or self.table_init_std > 0, "ple.table_init_std",
                  self.table_init_std, "a number > 0, or none for model.initializer_range")
 
@@ -125,6 +143,8 @@ class TrainConfig:
     # Learning rate and weight decay of the per-layer table's own parameter group.
     # None for table_lr means the same as lr; embedding tables get no weight decay by default.
     table_lr: float | None = None
+    # Multiplies the table group's learning rate (the dP study's table-lr control arms).
+    table_lr_mult: float = 1.0
     weight_decay: float = 0.1
     table_weight_decay: float = 0.0
     warmup_steps: int = 20
@@ -136,6 +156,8 @@ class TrainConfig:
     # Checkpoint every N steps (and at the end); keep the newest keep_checkpoints of them.
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
+    # Also checkpoint at this step and never delete it (the sweep's early verdict; 0 = none).
+    early_checkpoint: int = 0
     device: str = "auto"
     # auto: bf16 autocast on CUDA, fp32 on CPU (bf16 matmuls are slower than fp32 on CPUs).
     precision: Precision = "auto"
@@ -160,6 +182,7 @@ class TrainConfig:
         _require(self.lr > 0, "train.lr", self.lr, "a number > 0")
         _require(self.table_lr is None or self.table_lr >= 0, "train.table_lr", self.table_lr,
                  "a number >= 0, or none for train.lr")
+        _require(self.table_lr_mult >= 0, "train.table_lr_mult", self.table_lr_mult, "a number >= 0")
         _require(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "a number >= 0")
         _require(self.table_weight_decay >= 0, "train.table_weight_decay", self.table_weight_decay, "a number >= 0")
         _require(self.warmup_steps >= 0, "train.warmup_steps", self.warmup_steps, "an integer >= 0")
@@ -170,6 +193,8 @@ class TrainConfig:
         _require(self.log_every >= 1, "train.log_every", self.log_every, "an integer >= 1")
         _require(self.checkpoint_every >= 0, "train.checkpoint_every", self.checkpoint_every,
                  "an integer >= 0 (0 = only at the end)")
+        _require(0 <= self.early_checkpoint <= self.steps, "train.early_checkpoint", self.early_checkpoint,
+                 f"an integer in [0, train.steps={self.steps}] (0 = none)")
         _require(self.keep_checkpoints >= 1, "train.keep_checkpoints", self.keep_checkpoints, "an integer >= 1")
         _require(self.diag_every >= 0, "train.diag_every", self.diag_every, "an integer >= 0 (0 = off)")
         _require(self.diag_windows >= 0, "train.diag_windows", self.diag_windows, "an integer >= 0 (0 = off)")

@@ -60,7 +60,7 @@ def row_occurrences(cfg: RunConfig, data: TokenData, steps: int) -> np.ndarray:
 def weight_decay_shrink(cfg: RunConfig, steps: int) -> float:
     """α = Π_s (1 − lr_s·wd) of the table group: the part of W_t that is the decayed W_0."""
     tc = cfg.train
-    lr = tc.lr if tc.table_lr is None else tc.table_lr
+    lr = (tc.lr if tc.table_lr is None else tc.table_lr) * tc.table_lr_mult
     return math.prod(1 - lr * lr_multiplier(s, tc) * tc.table_weight_decay for s in range(steps))
 
 

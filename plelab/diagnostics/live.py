@@ -50,6 +50,8 @@ def live_row(probe, model: PLECausalLM, counter: RowCounter, dist=None) -> dict:
 
 def initial_table(cfg: RunConfig) -> torch.Tensor:
     vp = cfg.ple.resolved_vocab_size(cfg.model)
+    if cfg.ple.table == "zero":
+        return torch.zeros(vp, cfg.model.num_hidden_layers * cfg.ple.dim)
     std = cfg.ple.table_init_std if cfg.ple.table_init_std is not None else cfg.model.initializer_range
     return initial_normal(TABLE, (vp, cfg.model.num_hidden_layers * cfg.ple.dim), cfg.seed, std)
 
@@ -57,13 +59,19 @@ def initial_table(cfg: RunConfig) -> torch.Tensor:
 @torch.no_grad()
 def checkpoint_diagnostics(model: PLECausalLM, cfg: RunConfig, counts: np.ndarray, alpha: float,
                            windows: torch.Tensor | None, device: torch.device) -> dict:
-    """Structure of W_t and Δ = W_t − αW_0 on used rows per layer, and the table-level use test."""
+    """Structure of W_t and Δ = W_t − αW_0 on used rows per layer, and the table-level use test.
+
+    A frozen table has Δ = 0 (structure skipped, the use test still asks whether the model relies on
+    its random rows); a zeroed table has neither.
+    """
     L, dP = cfg.model.num_hidden_layers, cfg.ple.dim
+    if cfg.ple.table == "zero":
+        return {"rows_used": int((counts > 0).sum()), "layers": [], "skipped": "ple.table=zero: no table signal"}
     wt = model.model.embed_tokens_per_layer.weight.detach().float().cpu()
     delta = wt - alpha * initial_table(cfg)
     used = counts > 0
     out: dict = {"rows_used": int(used.sum()), "layers": []}
-    for i in range(L):
+    for i in range(L if cfg.ple.table == "learned" else 0):
         cols = slice(i * dP, (i + 1) * dP)
         out["layers"].append({"layer": i, "wt_used": matrix_stats(wt[used][:, cols]).to_dict(),
                               "delta_used": matrix_stats(delta[used][:, cols]).to_dict()})

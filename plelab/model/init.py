@@ -7,7 +7,8 @@ diagnostics measure change since initialisation.
 
 Init convention (HF ``PreTrainedModel._init_weights``): Linear and Embedding weights
 normal(0, ``initializer_range``), RMSNorm weights 1. The per-layer table uses
-``ple.table_init_std`` when set. Learned scalar/vector gates start at ``ple.gate_init``.
+``ple.table_init_std`` when set (zeros, frozen, for ``ple.table=zero``; ``frozen`` keeps the
+random init and takes it out of the optimizer). Learned scalar/vector gates start at ``ple.gate_init``.
 Unlike HF Gemma, no table row is a padding row: every row is trainable.
 """
 
@@ -42,7 +43,7 @@ def init_spec(model: PLECausalLM) -> dict[str, tuple[str, float]]:
             elif p_name == "per_layer_gate":
                 spec[full] = ("const", pc.gate_init)
             elif mod_name.endswith("embed_tokens_per_layer"):
-                spec[full] = ("normal", table_std)
+                spec[full] = ("const", 0.0) if pc.table == "zero" else ("normal", table_std)
             elif isinstance(module, (nn.Linear, nn.Embedding)):
                 spec[full] = ("normal", mc.initializer_range)
             else:
@@ -83,4 +84,7 @@ def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | tor
     if str(device) == "meta":
         return model
     model = model.to_empty(device=device).to(dtype)
-    return init_weights(model, seed)
+    init_weights(model, seed)
+    if pc.enabled and pc.table != "learned":  # the frozen / zero controls: the optimizer never sees it
+        model.model.embed_tokens_per_layer.weight.requires_grad_(False)
+    return model

@@ -3,7 +3,7 @@
 Equations (``ple_reference.md`` §1.2 and §1.4; Gemma 4 ``Gemma4TextModel`` plain form):
 
     e      = sqrt(H) · E[x]                                        # embed_tokens          [B,T,H]
-    z      = sqrt(dP) · T[x if x < Vp else 0]  → [B,T,L,dP]         # embed_tokens_per_layer
+    z      = sqrt(dP) · T[x if x < Vp else 0]  → [B,T,L,dP]         # embed_tokens_per_layer (ple.embed_scale)
     c      = RMSNorm_dP((W_m e) · H^-½ → [B,T,L,dP]; g_m)           # per_layer_model_projection, _norm
     P      = (c + z) · 2^-½                                        # per-layer inputs      [B,T,L,dP]
     layer l:
@@ -96,7 +96,7 @@ class PLETextModel(nn.Module):
         self.norm = RMSNorm(H, mc.rms_norm_eps)
         # Python-float scales (HF keeps them as non-persistent buffers; same values in fp32).
         self.embed_scale = math.sqrt(H) if mc.scale_embeddings else 1.0
-        self.ple_embed_scale = math.sqrt(pc.dim)
+        self.ple_embed_scale = pc.embed_scale
         self.per_layer_projection_scale = H ** -0.5
         self.per_layer_input_scale = 2.0 ** -0.5
         # ple.ids == "iid": frequencies the null ids are drawn from (set by the trainer), and an

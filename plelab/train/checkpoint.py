@@ -64,8 +64,10 @@ def gather_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[di
 
 
 def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: dict, state: dict,
-                    keep: int, extra_tensors: dict | None = None, diagnostics: dict | None = None) -> Path:
-    """Write ``step-{step}`` atomically, then delete all but the newest ``keep`` checkpoints."""
+                    keep: int, extra_tensors: dict | None = None, diagnostics: dict | None = None,
+                    protect: int = 0) -> Path:
+    """Write ``step-{step}`` atomically, then delete all but the newest ``keep`` checkpoints
+    (``step-{protect}`` is never deleted: the early checkpoint of ``train.early_checkpoint``)."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob("*.tmp-*"):  # left by a crash mid-write
@@ -85,7 +87,7 @@ def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: 
     if final.exists():  # a re-save of the same step (resume that ended exactly here)
         shutil.rmtree(final)
     tmp.rename(final)
-    for old in list_checkpoints(run_dir)[:-keep]:
+    for old in [p for p in list_checkpoints(run_dir) if p.name != f"step-{protect:06d}"][:-keep]:
         trash = old.with_name(old.name + ".tmp-old")
         old.rename(trash)
         shutil.rmtree(trash, ignore_errors=True)

@@ -6,8 +6,8 @@ Groups (they partition the model's parameters; asserted):
   weight decay ``train.weight_decay``.
 - ``no_decay``: RMSNorm weights, learned scalar/vector gates, and the main token embedding
   (an embedding table: no decay, as for the PLE table).
-- ``ple_table``: ``embed_tokens_per_layer`` alone, with ``train.table_lr`` and
-  ``train.table_weight_decay`` (default 0).
+- ``ple_table``: ``embed_tokens_per_layer`` alone, with ``train.table_lr`` (× ``train.table_lr_mult``) and
+  ``train.table_weight_decay`` (default 0). Absent when the table is frozen (``ple.table``).
 """
 
 from __future__ import annotations
@@ -23,17 +23,20 @@ from plelab.model.accounting import param_groups
 
 def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:
     groups = {"decay": [], "no_decay": [], "ple_table": []}
+    frozen = 0
     for acc_group, members in param_groups(model).items():
         for name, p in members:
-            if acc_group == "ple_table":
+            if not p.requires_grad:  # ple.table=frozen|zero
+                frozen += 1
+            elif acc_group == "ple_table":
                 groups["ple_table"].append(p)
             elif p.ndim < 2 or acc_group == "embed_tokens":
                 groups["no_decay"].append(p)
             else:
                 groups["decay"].append(p)
     n = sum(len(v) for v in groups.values())
-    assert n == len(list(model.parameters())), "optimizer groups do not cover the model"
-    table_lr = tc.lr if tc.table_lr is None else tc.table_lr
+    assert n + frozen == len(list(model.parameters())), "optimizer groups do not cover the model"
+    table_lr = (tc.lr if tc.table_lr is None else tc.table_lr) * tc.table_lr_mult
     spec = {"decay": (tc.lr, tc.weight_decay), "no_decay": (tc.lr, 0.0), "ple_table": (table_lr, tc.table_weight_decay)}
     return [{"name": k, "params": v, "lr": spec[k][0], "base_lr": spec[k][0], "weight_decay": spec[k][1]}
             for k, v in groups.items() if v]

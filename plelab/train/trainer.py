@@ -178,7 +178,7 @@ class Trainer:
                 "recent_train_losses": self.recent_losses, "table_decay_alpha": self.table_alpha,
                 "wall_seconds": self.wall_before + self._elapsed(), "corpus_fingerprint": self.data.corpus_fingerprint,
                 "world_size": self.dist.world_size}, keep=self.cfg.train.keep_checkpoints, extra_tensors=extra,
-                diagnostics=diagnostics)
+                diagnostics=diagnostics, protect=self.cfg.train.early_checkpoint)
         barrier(self.dist)
 
     # ---- steps -------------------------------------------------------------------------------
@@ -279,7 +279,8 @@ class Trainer:
                     bar.update(1)
                     bar.set_postfix(loss=f"{row['loss']:.3f}")
                 if self.run_dir is not None and (
-                        (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or self.step == tc.steps):
+                        (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or self.step == tc.steps
+                        or self.step == tc.early_checkpoint):
                     self.save_checkpoint()
         finally:
             bar.close()

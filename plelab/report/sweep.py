@@ -1,0 +1,204 @@
+"""``plelab report SWEEP``: the study's report as Markdown, a self-contained HTML page (plots
+inlined as base64 PNG, no external resources), CSV and JSON, in ``SWEEP/report/``.
+
+The page is built from one list of blocks (headings, paragraphs, lists, tables, figures) so that
+the Markdown and the HTML always say the same thing.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import math
+import time
+from pathlib import Path
+
+from plelab.io import atomic_write, write_json
+from plelab.report.sweep_findings import findings, required_seeds
+from plelab.report.sweep_plots import all_plots
+from plelab.sweep.analysis import analyse
+from plelab.sweep.results import SweepResults, collect, regime
+
+
+def _f(x, spec: str = ".4f") -> str:
+    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _cmp_cells(c: dict | None) -> list[str]:
+    if not c:
+        return ["—", "—", "—"]
+    ci = f"[{_f(c['ci_low'], '+.4f')}, {_f(c['ci_high'], '+.4f')}]"
+    return [_f(c["mean"], "+.4f"), ci, c["label"]]
+
+
+def results_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["arm", "dP", "added params", "% of base", "val loss (mean ± sd, n)", "Δ vs baseline", "95% CI", "label",
+            "structure (final)", "use (final)", "SNR", "occurrences / used row (median)"]
+    rows = []
+    for r in analysis["rows"]:
+        rows.append([r["arm"], str(r["dP"]), f"{r['added_params']:,}", f"{r['added_pct']:.2f}%",
+                     f"{r['loss_mean']:.4f} ± {_f(r['loss_sd'])} ({r['n']})", *_cmp_cells(r["vs_baseline"]),
+                     r["structure"], r["use"], _f(r["snr"], ".2f"), _f(r["occurrences_median"], ",.0f")])
+    return head, rows
+
+
+def comparison_table(comps: list[dict]) -> tuple[list[str], list[list[str]]]:
+    head = ["comparison", "n", "Δ (B − A)", "95% CI", "p (Holm)", "p TOST (Holm)", "MDE", "gain / added M params",
+            "label"]
+    rows = [[f"{c['b']} − {c['a']}", str(c["n"]), _f(c["mean"], "+.4f"),
+             f"[{_f(c['ci_low'], '+.4f')}, {_f(c['ci_high'], '+.4f')}]", _f(c["p_holm"], ".3g"),
+             _f(c["p_tost_holm"], ".3g"), _f(c["mde"]), _f(c.get("gain_per_m_params"), "+.4f"), c["label"]]
+            for c in comps]
+    return head, rows
+
+
+def early_table(early: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["run", "step", "structure", "use", "permute Δ", "CKA", "SNR", "final Δ vs baseline"]
+    rows = [[f"{r['arm']}/seed-{r['seed']}", str(r["early_step"]), r["early_structure"], r["early_use"],
+             _f(r["early_use_delta"], "+.4f"), _f(r["early_cka"], ".3f"), _f(r["early_snr"], ".2f"),
+             _f(r["final_delta"], "+.4f")] for r in early["rows"]]
+    return head, rows
+
+
+def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> list[tuple]:
+    spec = res.spec
+    base_cfg = res.configs[spec.baseline]
+    m, t = base_cfg["model"], base_cfg["train"]
+    out: list[tuple] = [("h1", f"plelab dP study — {res.root.name}")]
+    out.append(("p", f"Preset {spec.preset} (H={m['hidden_size']}, L={m['num_hidden_layers']}, V={m['vocab_size']}, "
+                     f"{reg['base_params']:,} base parameters), {t['steps']} steps × {t['batch_size']} × "
+                     f"{t['seq_len']} tokens per run ({reg['tokens']:,} tokens), seeds {spec.seeds}, paired: every "
+                     f"arm of a seed has the same data order and initial trunk. A run's loss is the mean of its last "
+                     f"{spec.last_k} validation evaluations; δ = {spec.delta} nats; α = {spec.alpha} after Holm. "
+                     "Confidence intervals are per comparison (unadjusted); the labels use Holm-adjusted p-values, "
+                     "so a CI that just excludes 0 can still be labelled inconclusive."))
+    if res.missing:
+        out.append(("p", f"**{len(res.missing)} run(s) unfinished** and left out: {', '.join(res.missing[:8])}"
+                         + (" …" if len(res.missing) > 8 else "") + f". Rerun `plelab sweep --out {res.root}`."))
+    out += [("h2", "Findings"), ("ul", findings(res, analysis, reg))]
+    out += [("h2", "Results in the seed's format"), ("table", *results_table(analysis))]
+    out += [("h2", "Consecutive dP steps (dead zones and transitions)"),
+            ("table", *comparison_table(analysis["consecutive"]))]
+    if analysis["controls"]:
+        out += [("h2", "Controls against their reference arm"), ("table", *comparison_table(analysis["controls"]))]
+    for fam, comps in analysis["curves"].items():
+        out += [("h3", f"Consecutive steps with the {fam} arms"), ("table", *comparison_table(comps))]
+    ev = analysis["early_vs_final"]
+    out.append(("h2", "Does the early verdict predict the result?"))
+    if ev["rows"]:
+        out.append(("table", *early_table(ev)))
+    else:
+        out.append(("p", "No early checkpoint with a use test was found (set train.early_checkpoint)."))
+    out += [("h2", "How this grid maps onto the seed's"), ("ul", [
+        "dP/H here: " + ", ".join(f"{d}/{reg['hidden_size']} = {r:.3f}" for d, r in reg["dp_over_h"]) + "; "
+        f"the seed's 64…512 at H=2560 span {reg['seed_dp_over_h'][0]:.3f}…{reg['seed_dp_over_h'][1]:.3f}.",
+        "added parameters here: " + ", ".join(f"dP={d}: {p:.1f}%" for d, p in reg["added_fraction"])
+        + "; the seed's: 8.98%, 17.96%, 35.92%, 71.83%.",
+        f"tokens per table row: {reg['tokens_per_row']:,.0f} here vs ≈{reg['seed_tokens_per_row']:,.0f} in the seed "
+        f"(400B tokens over V=100,096) — a different regime: rows here see few updates.",
+        f"model: {reg['base_params'] / 1e6:.2f}M base parameters here vs 2,458M in the seed."])]
+    out.append(("h2", "Figures"))
+    out += [("img", p) for p in plots]
+    prov = next(iter(next(iter(res.runs.values())).values()))
+    out.append(("p", f"Written {time.strftime('%Y-%m-%d %H:%M')} by plelab from {res.root} "
+                     f"(per-run provenance — seed, config, corpus fingerprint, versions, git commit — in each "
+                     f"run's summary.json; mean {prov.tokens_per_second:,.0f} tokens/s for {prov.arm})."))
+    return out
+
+
+def _md_table(head, rows) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def to_markdown(blocks_: list[tuple], rel: Path) -> str:
+    parts = []
+    for b in blocks_:
+        kind = b[0]
+        if kind in ("h1", "h2", "h3"):
+            parts.append("#" * int(kind[1]) + " " + b[1])
+        elif kind == "p":
+            parts.append(b[1])
+        elif kind == "ul":
+            parts.append("\n".join(f"- {x}" for x in b[1]))
+        elif kind == "table":
+            parts.append(_md_table(b[1], b[2]))
+        elif kind == "img":
+            parts.append(f"![{b[1].stem}]({b[1].relative_to(rel).as_posix()})")
+    return "\n\n".join(parts) + "\n"
+
+
+_CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+        "table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px}"
+        "th{background:#eef}img{max-width:100%;margin:0.5em 0;border:1px solid #ddd}li{margin:0.3em 0}")
+
+
+def _inline(text: str) -> str:
+    """Escape, then render **bold** and `code` (the only Markdown the blocks use)."""
+    out, bold, code = [], False, False
+    for i, piece in enumerate(html.escape(text).replace("`", "\x00").split("**")):
+        if i:
+            out.append("</b>" if bold else "<b>")
+            bold = not bold
+        segs = piece.split("\x00")
+        for j, seg in enumerate(segs):
+            if j:
+                out.append("</code>" if code else "<code>")
+                code = not code
+            out.append(seg)
+    return "".join(out)
+
+
+def to_html(blocks_: list[tuple], title: str) -> str:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{_CSS}</style></head><body>"]
+    for b in blocks_:
+        kind = b[0]
+        if kind in ("h1", "h2", "h3"):
+            parts.append(f"<{kind}>{_inline(b[1])}</{kind}>")
+        elif kind == "p":
+            parts.append(f"<p>{_inline(b[1])}</p>")
+        elif kind == "ul":
+            parts.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in b[1]) + "</ul>")
+        elif kind == "table":
+            head = "".join(f"<th>{html.escape(h)}</th>" for h in b[1])
+            body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in b[2])
+            parts.append(f"<table><tr>{head}</tr>{body}</table>")
+        elif kind == "img":
+            data = base64.b64encode(b[1].read_bytes()).decode()
+            parts.append(f"<figure><img alt='{b[1].stem}' src='data:image/png;base64,{data}'></figure>")
+    return "\n".join(parts) + "</body></html>\n"
+
+
+def _csv(head, rows) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(head)
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_report(root: str | Path, progress: bool = True) -> list[Path]:
+    """Collect, analyse and write ``report/{report.md, report.html, results.csv, runs.csv, results.json}``."""
+    root = Path(root)
+    res = collect(root, progress=progress)
+    analysis = analyse(res)
+    reg = regime(res)
+    out = root / "report"
+    plots = all_plots(res, analysis, out / "plots")
+    bl = blocks(res, analysis, reg, plots)
+    written = [atomic_write(out / "report.md", lambda p: p.write_text(to_markdown(bl, out))),
+               atomic_write(out / "report.html", lambda p: p.write_text(to_html(bl, f"plelab dP study {root.name}")))]
+    head, rows = results_table(analysis)
+    written.append(atomic_write(out / "results.csv", lambda p: p.write_text(_csv(head, rows))))
+    runs = [[arm, s, f"{r.loss:.6f}", r.tokens_seen, f"{r.wall_seconds:.1f}"]
+            for arm, by_seed in res.runs.items() for s, r in sorted(by_seed.items())]
+    written.append(atomic_write(out / "runs.csv", lambda p: p.write_text(
+        _csv(["arm", "seed", "loss", "tokens", "wall_seconds"], runs))))
+    written.append(write_json(out / "results.json", {
+        "spec": res.spec.to_dict(), "regime": reg, "analysis": analysis, "accounting": res.accounting,
+        "required_seeds_for_delta": required_seeds(analysis, res.spec.delta, res.spec.alpha)}))
+    return written

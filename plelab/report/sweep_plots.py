@@ -1,0 +1,164 @@
+"""Matplotlib figures of a sweep (PNG, written atomically): loss vs dP and vs added parameters
+with 95% CIs over seeds, paired Δ vs baseline with CIs, diagnostics and SNR vs dP, validation
+curves, and the early verdict against the final result."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy import stats as sps
+
+from plelab.io import atomic_write
+from plelab.sweep.results import SweepResults
+
+_FAMILY_STYLE = {"dP": ("C0", "o", "main (Gemma)"), "frozen": ("C1", "s", "table frozen"),
+                 "zero": ("C2", "^", "table zeroed"), "matched": ("C3", "D", "scale-matched")}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _ci(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t interval (0 with one value)."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) < 2:
+        return float(v.mean()), 0.0
+    return float(v.mean()), float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    atomic_write(path, lambda p: fig.savefig(p, dpi=100, format="png"))
+    _plt().close(fig)
+    return path
+
+
+def _curves(res: SweepResults) -> dict[str, list]:
+    """family -> [(x, added params, arm name)] with the baseline first."""
+    base = res.spec.baseline
+    out = {}
+    for fam in ("dP", "frozen", "zero", "matched"):
+        arms = sorted((a for a in res.spec.arms if a.family == fam and a.x > 0 and a.name in res.runs),
+                      key=lambda a: a.x)
+        if arms:
+            out[fam] = [(0, 0, base)] + [(a.x, res.accounting[a.name]["added"], a.name) for a in arms]
+    return out
+
+
+def plot_loss(res: SweepResults, out: Path) -> list[Path]:
+    plt = _plt()
+    written = []
+    for name, xkey, xlabel in (("loss_vs_dp.png", 0, "dP"), ("loss_vs_params.png", 1, "added parameters (M)")):
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        for fam, pts in _curves(res).items():
+            color, marker, label = _FAMILY_STYLE[fam]
+            xs = [p[xkey] / (1e6 if xkey else 1) for p in pts]
+            stats = [_ci(res.losses(p[2])) for p in pts]
+            ax.errorbar(xs, [m for m, _ in stats], yerr=[h for _, h in stats], color=color, marker=marker,
+                        capsize=3, label=label)
+            for x, p in zip(xs, pts):
+                ax.scatter([x] * len(res.losses(p[2])), res.losses(p[2]), color=color, alpha=0.25, s=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"validation loss (mean of last {res.spec.last_k} evals)")
+        ax.set_title("loss vs " + xlabel.split(" (")[0] + " — mean ± 95% CI over seeds")
+        ax.legend(fontsize=8)
+        written.append(_save(fig, out / name))
+    return written
+
+
+def plot_paired(res: SweepResults, analysis: dict, out: Path) -> Path:
+    plt = _plt()
+    comps = analysis["vs_baseline"] + [c for c in analysis["controls"]]
+    fig, ax = plt.subplots(figsize=(6.4, max(2.4, 0.9 + 0.4 * len(comps))))
+    for i, c in enumerate(comps):
+        if c["ci_low"] is None:
+            ax.plot([c["mean"]], [i], "x", color="gray")
+            continue
+        color = "C0" if c["a"] == res.spec.baseline else "C1"
+        ax.errorbar([c["mean"]], [i], xerr=[[c["mean"] - c["ci_low"]], [c["ci_high"] - c["mean"]]], fmt="o",
+                    color=color, capsize=3)
+    ax.axvline(0, color="black", lw=0.8)
+    for s in (-1, 1):
+        ax.axvline(s * res.spec.delta, color="gray", ls=":", lw=0.8)
+    ax.set_yticks(range(len(comps)), [f"{c['b']} − {c['a']}" for c in comps], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("paired Δ loss (nats), 95% CI; dotted: ±δ")
+    ax.set_title("paired differences (negative = lower loss)")
+    return _save(fig, out / "paired_delta.png")
+
+
+def plot_diagnostics(res: SweepResults, out: Path) -> Path:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+    for fam, pts in _curves(res).items():
+        color, marker, label = _FAMILY_STYLE[fam]
+        pts = [p for p in pts if p[0] > 0]
+        xs = [p[0] for p in pts]
+        runs = [list(res.runs[p[2]].values()) for p in pts]
+        cka = [np.mean([r.structure.get("final", {}).get("cka", np.nan) for r in rs]) for rs in runs]
+        null = [np.mean([r.structure.get("final", {}).get("null_mean", np.nan) for r in rs]) for rs in runs]
+        use = [np.mean([r.final_diag.get("delta", np.nan) for r in rs]) for rs in runs]
+        snr = [np.mean([r.signal.get("snr") or np.nan for r in rs]) for rs in runs]
+        axes[0].plot(xs, cka, marker=marker, color=color, label=label)
+        axes[0].plot(xs, null, ls=":", color=color)
+        axes[1].plot(xs, use, marker=marker, color=color, label=label)
+        axes[2].plot(xs, snr, marker=marker, color=color, label=label)
+    axes[0].set_title("cross-seed CKA of Δ (dotted: null)")
+    axes[1].set_title("use: loss rise when rows are permuted")
+    axes[1].axhline(0.005, color="gray", ls=":", lw=0.8)
+    axes[2].set_title("injection SNR (branch / hidden RMS)")
+    for ax in axes:
+        ax.set_xlabel("dP")
+    axes[0].legend(fontsize=7)
+    return _save(fig, out / "diagnostics_vs_dp.png")
+
+
+def plot_curves(res: SweepResults, out: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    pts = _curves(res).get("dP", [(0, 0, res.spec.baseline)])
+    for i, (x, _, name) in enumerate(pts):
+        hist = [r.val_history for r in res.runs[name].values()]
+        steps = [s for s, _ in hist[0]]
+        n = min(len(h) for h in hist)
+        mean = np.mean([[v for _, v in h[:n]] for h in hist], axis=0)
+        ax.plot(steps[:n], mean, color=f"C{i}", label=f"dP={int(x)}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (mean over seeds)")
+    ax.set_title("validation curves, main arms")
+    ax.legend(fontsize=8)
+    return _save(fig, out / "loss_curves.png")
+
+
+def plot_early(analysis: dict, out: Path) -> Path | None:
+    rows = analysis["early_vs_final"]["rows"]
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.6, 4))
+    colors = {"USED": "C2", "UNUSED": "C3", "UNDECIDED": "C7"}
+    for verdict, color in colors.items():
+        sel = [r for r in rows if r["early_use"] == verdict]
+        ax.scatter([r["early_use_delta"] for r in sel], [-r["final_delta"] for r in sel], color=color,
+                   label=f"early {verdict} ({len(sel)})")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xlabel(f"use test at step {rows[0]['early_step']}: permute Δ (nats)")
+    ax.set_ylabel("final paired gain vs baseline (nats)")
+    ax.set_title("does the early verdict predict the result?")
+    ax.legend(fontsize=8)
+    return _save(fig, out / "early_vs_final.png")
+
+
+def all_plots(res: SweepResults, analysis: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = plot_loss(res, out) + [plot_paired(res, analysis, out), plot_diagnostics(res, out), plot_curves(res, out)]
+    early = plot_early(analysis, out)
+    return paths + ([early] if early else [])

@@ -1,0 +1,105 @@
+"""``plelab advise SWEEP``: a dP recommendation that never goes beyond what the sweep measured.
+
+Rule: among the measured dP values whose paired gain over the baseline is significant (Holm),
+take the smallest one that the best-measured dP does not beat significantly (paired, Holm over
+the candidates) — the cheapest dP with the best gain the data can tell apart. If no dP beats the
+baseline, the advice is dP = 0, with the minimum detectable effect, so that "no gain" and "not
+enough seeds" are not confused. A configuration that differs from the sweep's (model, PLE
+settings, token budget, data) or a dP that was not measured is refused with the reason: dP
+effects do not transfer across model size, token budget or data (the seed's dead zone sits at
+3B parameters and 400B tokens).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from plelab.config import RunConfig
+from plelab.errors import PlelabError
+from plelab.sweep import stats
+from plelab.sweep.analysis import analyse
+from plelab.sweep.results import collect
+
+# What must match for the sweep's measurements to apply (every other key is bookkeeping).
+_MATCH = [("model", None), ("ple", ("vocab_size", "gate", "gate_init", "table_init_std", "ids", "table", "table_scale",
+                                    "table_scale_dim")),
+          ("train", ("steps", "batch_size", "seq_len", "lr", "table_lr", "table_lr_mult", "weight_decay",
+                     "table_weight_decay", "warmup_steps", "min_lr_ratio")),
+          ("data", ("path", "tokenizer", "val_fraction"))]
+
+
+def _differences(measured: dict, target: dict) -> list[str]:
+    out = []
+    for section, keys in _MATCH:
+        for key in keys or measured[section]:
+            if measured[section].get(key) != target[section].get(key):
+                out.append(f"{section}.{key} {target[section].get(key)!r} (measured: {measured[section].get(key)!r})")
+    return out
+
+
+def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, target_name: str | None = None) -> str:
+    res = collect(root, structure=False)
+    spec, base = res.spec, res.configs[res.spec.baseline]
+    if target is not None:
+        diff = _differences(base, target.to_dict())
+        if diff:
+            shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
+            raise PlelabError(f"refusing to extrapolate: {target_name or 'that configuration'} differs from what "
+                              f"{root} measured in {shown}. dP effects do not transfer across model size, token "
+                              "budget or data; run plelab sweep with that configuration")
+    analysis = analyse(res)
+    measured = sorted(int(a.x) for a in spec.arms if a.family == "dP" and a.name in res.runs)
+    if dp is not None and dp not in measured:
+        where = "beyond" if dp > max(measured) or dp < min(measured) else "between"
+        verb = "extrapolate" if where == "beyond" else "interpolate"
+        raise PlelabError(f"dP={dp} was not measured (measured: {measured}); refusing to {verb} "
+                          f"{where} the measured values — add it: plelab sweep --out {root} --dp "
+                          f"{','.join(map(str, sorted({*measured, dp})))} with the sweep's other arguments")
+    vs = {c["b"]: c for c in analysis["vs_baseline"]}
+    acc = res.accounting
+    lines = [f"Sweep {root}: preset {spec.preset}, measured dP {measured}, {len(spec.seeds)} seeds, "
+             f"{base['train']['steps']} steps; δ = {spec.delta} nats."]
+
+    def describe(d: int) -> str:
+        name = f"dp{d}"
+        c, a = vs.get(name), acc[name]
+        if c is None:
+            return f"dP={d}: the baseline"
+        per_m = -c["mean"] / (a["added"] / 1e6) if a["added"] else 0.0
+        ci = f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}]" if c["ci_low"] is not None else "(no CI)"
+        return (f"dP={d}: +{a['added']:,} parameters (+{a['added_pct_of_base']:.2f}% of base), Δ vs baseline "
+                f"{c['mean']:+.4f} {ci}, '{c['label']}', {per_m:+.4f} nats per added M parameters")
+
+    if dp is not None:
+        return "\n".join([*lines, describe(dp)])
+    gains = [d for d in measured if d > 0 and vs.get(f"dp{d}", {}).get("label") in (stats.DROP, stats.SMALL)
+             and vs[f"dp{d}"]["mean"] < 0]
+    if not gains:
+        lines.append("Recommendation: dP = 0. No measured dP lowered the validation loss significantly against the "
+                     "baseline after Holm correction:")
+        lines += [f"  {describe(d)}" for d in measured if d > 0]
+        mdes = [vs[f"dp{d}"]["mde"] for d in measured if d > 0 and vs.get(f"dp{d}", {}).get("mde") is not None]
+        if mdes:
+            lines.append(f"  With {len(spec.seeds)} seeds the smallest detectable gain is ≈{min(mdes):.4f} nats; a "
+                         "smaller real gain would be missed — grow the sweep with more seeds before concluding.")
+        return "\n".join(lines)
+    best = min(gains, key=lambda d: vs[f"dp{d}"]["mean"])
+    cands = [d for d in gains if d < best]
+    seeds_ok = {d: res.seeds_of(f"dp{d}", f"dp{best}") for d in cands}
+    loss = {d: res.runs[f"dp{d}"] for d in [*cands, best]}
+    comps = stats.family([stats.paired(f"dp{d}", f"dp{best}",
+                                       [loss[best][s].loss - loss[d][s].loss for s in seeds_ok[d]],
+                                       spec.delta, spec.alpha) for d in cands], steps=False)
+    choice = next((d for d, c in zip(cands, comps) if c.label not in (stats.DROP, stats.SMALL)), best)
+    lines.append(f"Recommendation: dP = {choice}.")
+    lines.append(f"  {describe(choice)}")
+    if choice != best:
+        c = comps[cands.index(choice)]
+        lines.append(f"  The best-measured dP={best} is not significantly better than dP={choice} (paired Δ "
+                     f"{c.mean:+.4f}, '{c.label}'), and costs "
+                     f"+{acc[f'dp{best}']['added'] - acc[f'dp{choice}']['added']:,} more parameters.")
+    for d in measured:
+        if d not in (0, choice):
+            lines.append(f"  {describe(d)}")
+    lines.append("Valid only for this configuration (model, PLE settings, token budget and data as measured).")
+    return "\n".join(lines)

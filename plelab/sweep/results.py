@@ -1,0 +1,224 @@
+"""Reading a sweep's runs back: losses, curves, live signal metrics, checkpoint diagnostics and
+the cross-seed structure test, per run and per arm.
+
+A run's loss is the mean of its last ``last_k`` validation evaluations (less noisy than the last
+one; every arm is evaluated on the same validation windows, so the mean is paired too).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from plelab.errors import PlelabError
+from plelab.model.accounting import account
+from plelab.sweep.runner import RunJob, jobs_of, run_config, run_state
+from plelab.sweep.spec import SweepSpec, load_spec
+
+SEED_TOKENS = 400e9  # the seed's training budget (400B tokens, V = 100,096)
+SEED_VOCAB = 100_096
+SEED_HIDDEN = 2560
+
+
+@dataclass
+class RunResult:
+    arm: str
+    seed: int
+    loss: float
+    val_history: list[tuple[int, float]]
+    train_curve: list[tuple[int, float]]
+    tokens_seen: int
+    wall_seconds: float
+    tokens_per_second: float
+    signal: dict = field(default_factory=dict)  # last live diag row: mean snr / table_to_proj over layers
+    early_signal: dict = field(default_factory=dict)
+    final_diag: dict = field(default_factory=dict)  # use test at the final checkpoint
+    early_diag: dict = field(default_factory=dict)
+    early_step: int = 0
+    occurrences: dict = field(default_factory=dict)
+    structure: dict = field(default_factory=dict)  # {"early": {...}, "final": {...}} cross-seed CKA vs null
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a crash
+    return rows
+
+
+def _mean_layers(values) -> float | None:
+    vals = [v for v in (values or []) if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def _signal(row: dict | None) -> dict:
+    if not row:
+        return {}
+    d = row["diag"]
+    return {"step": row["step"], "snr": _mean_layers(d.get("snr")),
+            "table_to_proj": _mean_layers(d.get("table_to_proj")),
+            "gate": _mean_layers(d.get("gate")), "grad_table": _mean_layers(d.get("grad_table")),
+            "rows_touched": d.get("rows_touched")}
+
+
+def _checkpoint(path: Path, step: int) -> Path:
+    return path / "checkpoints" / f"step-{step:06d}"
+
+
+def _use(ckpt: Path) -> dict:
+    try:
+        diag = json.loads((ckpt / "diagnostics.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    perm = (diag.get("use") or {}).get("permute")
+    if not perm:
+        return {"skipped": diag.get("skipped", "use test off")}
+    return {"delta": perm["delta"], "se": perm["se"], "use_verdict": diag.get("use_verdict")}
+
+
+def _occurrences(ckpt: Path) -> dict:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(ckpt / "optimizer.safetensors"), framework="pt") as f:
+            if "diag.row_counts" not in f.keys():
+                return {}
+            counts = f.get_tensor("diag.row_counts").numpy()
+    except Exception:  # a damaged or foreign file: the count is simply not reported
+        return {}
+    used = counts[counts > 0]
+    return {"rows": int(len(counts)), "rows_used": int(len(used)),
+            "median": float(np.median(used)) if len(used) else 0.0,
+            "mean": float(used.mean()) if len(used) else 0.0}
+
+
+def read_run(job: RunJob, last_k: int) -> RunResult:
+    rows = _read_jsonl(job.path / "metrics.jsonl")
+    vals = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    if not vals:
+        raise PlelabError(f"run {job.path} has no validation loss; rerun the sweep to finish it")
+    summary = json.loads((job.path / "summary.json").read_text())
+    diag_rows = [r for r in rows if "diag" in r]
+    tc = job.cfg.train
+    early = tc.early_checkpoint
+    result = RunResult(
+        arm=job.arm.name, seed=job.seed, loss=float(np.mean([v for _, v in vals[-last_k:]])), val_history=vals,
+        train_curve=[(r["step"], r["loss"]) for r in rows if "loss" in r], tokens_seen=summary["tokens_seen"],
+        wall_seconds=summary["wall_seconds"], tokens_per_second=summary["tokens_per_second"],
+        signal=_signal(diag_rows[-1] if diag_rows else None), early_step=early)
+    if job.cfg.ple.enabled:
+        final = _checkpoint(job.path, tc.steps)
+        result.final_diag = _use(final)
+        result.occurrences = _occurrences(final)
+        if early:
+            result.early_diag = _use(_checkpoint(job.path, early))
+            result.early_signal = _signal(next((r for r in reversed(diag_rows) if r["step"] <= early), None))
+    return result
+
+
+def cross_seed_structure(jobs: list[RunJob], step: int, data_cache: dict) -> dict[int, dict]:
+    """Per seed: CKA of this run's Δ with the next seed's (cyclic) against the permutation null."""
+    from plelab.data.pipeline import prepare_data
+    from plelab.diagnostics.diagnose import RunTable, cka_against_null
+    from plelab.diagnostics.tables import find_table
+
+    if len(jobs) < 2 or jobs[0].cfg.ple.table != "learned" or not jobs[0].cfg.ple.enabled:
+        return {}
+    tables = {}
+    for job in jobs:
+        ckpt = _checkpoint(job.path, step)
+        if not ckpt.exists():
+            return {}
+        key = json.dumps([job.cfg.data.__dict__, job.cfg.model.vocab_size], sort_keys=True, default=str)
+        if key not in data_cache:
+            data_cache[key] = prepare_data(job.cfg, progress=False)
+        tables[job.seed] = RunTable(find_table(ckpt), data_cache[key])
+    out = {}
+    seeds = [j.seed for j in jobs]
+    for i, s in enumerate(seeds):
+        a, b = tables[s], tables[seeds[(i + 1) % len(seeds)]]
+        both = (a.counts > 0) & (b.counts > 0)
+        res = cka_against_null(a.delta[both].flatten(1), b.delta[both].flatten(1), a.counts[both], seed=s)
+        out[s] = {k: res[k] for k in ("cka", "null_mean", "null_sd")}
+    return out
+
+
+@dataclass
+class SweepResults:
+    root: Path
+    spec: SweepSpec
+    runs: dict[str, dict[int, RunResult]]  # arm -> seed -> result (aliases resolved)
+    accounting: dict[str, dict]  # arm -> exact parameter accounting
+    configs: dict[str, dict]  # arm -> the seed-0 resolved config
+    missing: list[str]
+
+    def seeds_of(self, *arms: str) -> list[int]:
+        """Seeds for which every one of ``arms`` has a finished run (the pairs)."""
+        common = set(self.spec.seeds)
+        for arm in arms:
+            common &= set(self.runs.get(arm, {}))
+        return sorted(common)
+
+    def losses(self, arm: str, seeds: list[int] | None = None) -> list[float]:
+        seeds = seeds if seeds is not None else sorted(self.runs.get(arm, {}))
+        return [self.runs[arm][s].loss for s in seeds]
+
+
+def collect(root: str | Path, structure: bool = True, progress: bool = False) -> SweepResults:
+    """Read every finished run of the sweep in ``root`` (unfinished ones are listed as missing)."""
+    root = Path(root)
+    spec = load_spec(root)
+    if spec is None:
+        raise PlelabError(f"{root} is not a plelab sweep (no sweep.json); run plelab sweep --out {root} first")
+    runs: dict[str, dict[int, RunResult]] = {}
+    missing, by_arm = [], {}
+    for job in jobs_of(root, spec):
+        if run_state(job) != "done":
+            missing.append(job.name)
+            continue
+        runs.setdefault(job.arm.name, {})[job.seed] = read_run(job, spec.last_k)
+        by_arm.setdefault(job.arm.name, []).append(job)
+    if structure:
+        cache: dict = {}
+        for arm, jobs in by_arm.items():
+            cfg = jobs[0].cfg
+            for when, step in (("early", cfg.train.early_checkpoint), ("final", cfg.train.steps)):
+                if step:
+                    for seed, res in cross_seed_structure(jobs, step, cache).items():
+                        runs[arm][seed].structure[when] = res
+    accounting, configs = {}, {}
+    for arm in spec.arms:
+        if arm.alias_of is not None and arm.alias_of in runs:
+            runs[arm.name] = runs[arm.alias_of]
+        cfg = run_config(spec, arm, spec.seeds[0])
+        configs[arm.name] = cfg.to_dict()
+        accounting[arm.name] = account(cfg.model, cfg.ple, cfg.train.seq_len).to_dict()
+    if not any(runs.values()):
+        raise PlelabError(f"{root} has no finished run yet; run plelab sweep --out {root} to finish them")
+    return SweepResults(root, spec, runs, accounting, configs, missing)
+
+
+def regime(res: SweepResults) -> dict:
+    """How the CPU grid maps onto the seed's: dP/H, added-parameter fractions, tokens per table row."""
+    base = res.configs[res.spec.baseline]
+    H = base["model"]["hidden_size"]
+    main = [a for a in res.spec.arms if a.family == "dP" and a.x > 0]
+    first = res.runs.get(res.spec.baseline, {})
+    tokens = next(iter(first.values())).tokens_seen if first else 0
+    vp = base["ple"]["vocab_size"] or base["model"]["vocab_size"]
+    return {
+        "hidden_size": H, "num_layers": base["model"]["num_hidden_layers"], "vocab_size": base["model"]["vocab_size"],
+        "dp_over_h": [(int(a.x), a.x / H) for a in main],
+        "added_fraction": [(int(a.x), res.accounting[a.name]["added_pct_of_base"]) for a in main],
+        "base_params": res.accounting[res.spec.baseline]["base"], "tokens": tokens,
+        "tokens_per_row": tokens / vp if vp else math.nan,
+        "seed_tokens_per_row": SEED_TOKENS / SEED_VOCAB,
+        "seed_dp_over_h": (64 / SEED_HIDDEN, 512 / SEED_HIDDEN),
+    }

@@ -1,0 +1,179 @@
+"""What a sweep is: arms × seeds on one preset, saved as ``SWEEP/sweep.json``.
+
+An :class:`Arm` is a list of config overrides on top of the sweep's base (preset + base
+overrides). Every run of a sweep is ``SWEEP/runs/{arm}/seed-{k}``; for a given seed every arm
+gets the same data order and the same initial trunk weights (``plelab.model.init`` seeds each
+parameter by name), so the arms are compared in pairs.
+
+The dP study's arms (:func:`dp_arms`): the main curve ``dp{N}`` (``dp0`` is the baseline),
+optional variants crossed with every dP > 0, and the controls of the seed's open questions:
+
+- ``frozen``: the table kept at its random init (is the small-dP gain regularisation?);
+- ``zero``: the table zeroed and frozen (only the model-level projection path remains);
+- ``matched``: the table multiplier fixed at sqrt(d_ref) instead of sqrt(dP), so the table's
+  share of the per-layer input and its effective step size do not grow with dP;
+- ``table-lr``: the table's learning rate ×⅓ and ×3 at ``control_dp``;
+- ``boost``: the table multiplier ×4 at ``control_dp`` (does the loss move when the signal is
+  made stronger — put ``control_dp`` inside an apparent dead zone).
+
+A sweep may grow (new arms or seeds are added on the next call); an existing arm's
+definition, the preset, the base overrides and the step budget may not change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plelab.errors import PlelabError
+from plelab.io import write_json
+
+CONTROLS = ("frozen", "zero", "matched", "table-lr", "boost")
+SPEC_FILE = "sweep.json"
+BOOST = 4.0
+TABLE_LR_FACTORS = (1 / 3, 3.0)
+
+
+@dataclass
+class Arm:
+    """One arm: ``overrides`` on top of the sweep's base config.
+
+    ``family`` groups arms into curves ("dP" is the main curve; controls and variants have their
+    own); ``x`` is the arm's position on its curve (dP); ``reference`` is the arm a control is
+    compared with seed by seed; ``alias_of`` marks an arm whose config equals another's (not
+    rerun, its results are the other arm's).
+    """
+
+    name: str
+    overrides: list[str]
+    family: str = "dP"
+    x: float = 0.0
+    reference: str | None = None
+    alias_of: str | None = None
+    description: str = ""
+
+
+@dataclass
+class SweepSpec:
+    preset: str
+    overrides: list[str] = field(default_factory=list)
+    arms: list[Arm] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    steps: int | None = None
+    kind: str = "dp"
+    # Mean of the last k evaluations is the run's loss; δ is the smallest effect of interest (nats).
+    last_k: int = 3
+    delta: float = 0.02
+    alpha: float = 0.05
+    baseline: str = "dp0"
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    def runnable(self) -> list[Arm]:
+        return [a for a in self.arms if a.alias_of is None]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SweepSpec:
+        d = dict(d)
+        d["arms"] = [Arm(**a) for a in d.get("arms", [])]
+        return cls(**{k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}})
+
+
+def run_dir(root: Path, arm: str, seed: int) -> Path:
+    return Path(root) / "runs" / arm / f"seed-{seed}"
+
+
+def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = None,
+            variants: dict[str, list[str]] | None = None) -> list[Arm]:
+    """The dP study's arms (see the module docstring). ``dims`` must include 0 (the baseline)."""
+    dims = sorted(set(dims))
+    if 0 not in dims:
+        raise PlelabError("--dp must include 0: the baseline every arm is paired with")
+    positive = [d for d in dims if d > 0]
+    if not positive:
+        raise PlelabError("--dp needs at least one value > 0 besides the baseline 0, e.g. --dp 0,16,32")
+    unknown = [c for c in controls if c not in CONTROLS]
+    if unknown:
+        raise PlelabError(f"unknown control {unknown[0]!r}: choose from {', '.join(CONTROLS)} (or 'all')")
+    if control_dp is None:
+        control_dp = positive[len(positive) // 2]
+    if control_dp not in positive:
+        raise PlelabError(f"--control-dp {control_dp} is not one of the swept dP values {positive}")
+    arms = [Arm(f"dp{d}", [f"ple.dim={d}"], "dP", d, description="baseline (no PLE)" if d == 0 else f"dP={d}")
+            for d in dims]
+    for name, extra in (variants or {}).items():
+        arms += [Arm(f"dp{d}-{name}", [f"ple.dim={d}", *extra], name, d, reference=f"dp{d}",
+                     description=f"dP={d} with {' '.join(extra)}") for d in positive]
+    if "frozen" in controls:
+        arms += [Arm(f"dp{d}-frozen", [f"ple.dim={d}", "ple.table=frozen"], "frozen", d, reference=f"dp{d}",
+                     description="table frozen at its random init") for d in positive]
+    if "zero" in controls:
+        arms += [Arm(f"dp{d}-zero", [f"ple.dim={d}", "ple.table=zero"], "zero", d, reference=f"dp{d}",
+                     description="table zeroed: only the model-level projection path") for d in positive]
+    if "matched" in controls:
+        ref = positive[0]
+        arms += [Arm(f"dp{d}-matched", [f"ple.dim={d}", f"ple.table_scale_dim={ref}"], "matched", d,
+                     reference=f"dp{d}", alias_of=f"dp{d}" if d == ref else None,
+                     description=f"table multiplier fixed at sqrt({ref}) for every dP") for d in positive]
+    if "table-lr" in controls:
+        for f in TABLE_LR_FACTORS:
+            tag = "third" if f < 1 else "x3"
+            arms.append(Arm(f"dp{control_dp}-tablelr-{tag}", [f"ple.dim={control_dp}", f"train.table_lr_mult={f:.6g}"],
+                            "table-lr", control_dp, reference=f"dp{control_dp}",
+                            description=f"table learning rate ×{'⅓' if f < 1 else '3'}"))
+    if "boost" in controls:
+        arms.append(Arm(f"dp{control_dp}-boost", [f"ple.dim={control_dp}", f"ple.table_scale={BOOST:g}"], "boost",
+                        control_dp, reference=f"dp{control_dp}",
+                        description=f"table multiplier ×{BOOST:g} (stronger injected signal)"))
+    return arms
+
+
+def load_spec(root: Path) -> SweepSpec | None:
+    path = Path(root) / SPEC_FILE
+    if not path.exists():
+        return None
+    try:
+        return SweepSpec.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError) as err:
+        raise PlelabError(f"{path} is not a readable plelab sweep ({err}); restore it or choose another --out"
+                          ) from None
+
+
+def merge_spec(root: Path, new: SweepSpec) -> SweepSpec:
+    """The spec to run in ``root``: ``new`` if the folder is empty, else the saved one grown by
+    ``new``'s extra arms and seeds (a changed definition is refused, nothing is written)."""
+    old = load_spec(root)
+    if old is None:
+        if (Path(root) / "runs").exists():
+            raise PlelabError(f"{root} has runs/ but no {SPEC_FILE}; it is not a plelab sweep — choose another --out")
+        return new
+    for key in ("preset", "overrides", "steps", "kind", "baseline"):
+        if getattr(old, key) != getattr(new, key):
+            raise PlelabError(f"{root} holds a sweep with {key}={getattr(old, key)!r}, not {getattr(new, key)!r}; "
+                              "rerun with the same settings to continue it, or choose another --out")
+    arms = list(old.arms)
+    for a in new.arms:
+        try:
+            mine = old.arm(a.name)
+        except KeyError:
+            arms.append(a)
+            continue
+        if mine.overrides != a.overrides:
+            raise PlelabError(f"arm {a.name} in {root} was run with {mine.overrides}, now {a.overrides}; "
+                              "choose another --out for a different definition")
+    seeds = old.seeds + [s for s in new.seeds if s not in old.seeds]
+    return dataclasses.replace(old, arms=arms, seeds=seeds, last_k=new.last_k, delta=new.delta, alpha=new.alpha)
+
+
+def save_spec(root: Path, spec: SweepSpec) -> None:
+    Path(root).mkdir(parents=True, exist_ok=True)
+    write_json(Path(root) / SPEC_FILE, spec.to_dict())

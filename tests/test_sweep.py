@@ -1,0 +1,213 @@
+"""The sweep engine: pairing, resume after a kill, growth, cluster scripts, report, advise, demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from plelab.cli import main
+from plelab.data.tokens import PackedSampler
+from plelab.errors import PlelabError
+from plelab.model.init import build_model
+from plelab.sweep.runner import jobs_of, run_config, run_state, run_sweep
+from plelab.sweep.spec import SweepSpec, dp_arms, load_spec, merge_spec
+from plelab.train.optim import optimizer_groups
+
+TINY = ["train.eval_every=10", "train.early_checkpoint=10", "train.diag_every=5", "train.checkpoint_every=0",
+        "train.diag_windows=16"]
+
+
+def _spec(**kw) -> SweepSpec:
+    args = dict(preset="cpu-tiny", overrides=list(TINY), arms=dp_arms([0, 8, 16], ["matched", "frozen"]),
+                seeds=[0, 1], steps=30)
+    args.update(kw)
+    return SweepSpec(**args)
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory, tiny_data):
+    root = tmp_path_factory.mktemp("sweep")
+    run_sweep(root, _spec(), progress=False, log=lambda *a: None)
+    return root
+
+
+def test_pairing_same_trunk_and_data_order_across_arms(tiny_data):
+    spec = _spec()
+    c0, c16, c16m, other = (run_config(spec, spec.arm(a), s) for a, s in
+                            (("dp0", 1), ("dp16", 1), ("dp16-frozen", 1), ("dp0", 0)))
+    models = [build_model(c.model, c.ple, seed=c.seed) for c in (c0, c16, c16m, other)]
+    trunk = {n: p for n, p in models[0].named_parameters()}
+    for m in models[1:3]:
+        for name, p in m.named_parameters():
+            if name in trunk:
+                assert torch.equal(p, trunk[name]), name
+    assert not torch.equal(models[3].model.embed_tokens.weight, trunk["model.embed_tokens.weight"])
+    batches = [PackedSampler(tiny_data.train, c.train.seq_len, c.seed).batch(7, c.train.batch_size)[0]
+               for c in (c0, c16, other)]
+    assert torch.equal(batches[0], batches[1]) and not torch.equal(batches[0], batches[2])
+
+
+def test_controls_change_only_what_they_claim(tiny_data):
+    spec = _spec(arms=dp_arms([0, 16], ["frozen", "zero", "matched", "table-lr", "boost"]))
+    names = [a.name for a in spec.arms]
+    assert names == ["dp0", "dp16", "dp16-frozen", "dp16-zero", "dp16-matched", "dp16-tablelr-third",
+                     "dp16-tablelr-x3", "dp16-boost"]
+    assert spec.arm("dp16-matched").alias_of == "dp16"  # the reference dP: same config, not rerun
+    zero = build_model(*(lambda c: (c.model, c.ple))(run_config(spec, spec.arm("dp16-zero"), 0)), seed=0)
+    assert not zero.model.embed_tokens_per_layer.weight.requires_grad
+    assert zero.model.embed_tokens_per_layer.weight.abs().sum() == 0
+    boost = run_config(spec, spec.arm("dp16-boost"), 0)
+    assert boost.ple.embed_scale == pytest.approx(4 * 16 ** 0.5)
+    lr = run_config(spec, spec.arm("dp16-tablelr-third"), 0)
+    assert lr.train.table_lr_mult == pytest.approx(1 / 3, rel=1e-5)
+    groups = {g["name"]: g["lr"] for g in optimizer_groups(build_model(lr.model, lr.ple, seed=0), lr.train)}
+    assert groups["ple_table"] == pytest.approx(groups["decay"] / 3, rel=1e-5)
+    matched = run_config(_spec(arms=dp_arms([0, 8, 32], ["matched"])), dp_arms([0, 8, 32], ["matched"])[-1], 0)
+    assert matched.ple.dim == 32 and matched.ple.embed_scale == pytest.approx(8 ** 0.5)
+
+
+def test_frozen_table_is_not_trained(sweep_dir):
+    from safetensors.torch import load_file
+
+    from plelab.diagnostics.live import initial_table
+
+    run = sweep_dir / "runs" / "dp16-frozen" / "seed-0"
+    cfg = run_config(_spec(), _spec().arm("dp16-frozen"), 0)
+    w = load_file(str(run / "checkpoints" / "step-000030" / "model.safetensors"))
+    assert torch.equal(w["model.embed_tokens_per_layer.weight"], initial_table(cfg))
+    assert (run / "checkpoints" / "step-000010").is_dir()  # the early checkpoint is kept
+
+
+def test_sweep_results_report_and_advise(sweep_dir, capsys):
+    assert main(["report", str(sweep_dir), "--no-progress"]) == 0
+    rep = sweep_dir / "report"
+    html = (rep / "report.html").read_text()
+    assert "data:image/png;base64," in html and "http://" not in html and "https://" not in html
+    md = (rep / "report.md").read_text()
+    for text in ("## Findings", "Results in the seed's format", "dp16-matched", "Does the early verdict",
+                 "tokens per table row", "How this grid maps"):
+        assert text in md
+    data = json.loads((rep / "results.json").read_text())
+    rows = {r["arm"]: r for r in data["analysis"]["rows"]}
+    assert rows["dp16"]["added_params"] == data["accounting"]["dp16"]["added"] > 0
+    assert rows["dp8"]["n"] == 2 and rows["dp16-matched"]["n"] == 2
+    assert len(data["analysis"]["consecutive"]) == 2 and data["analysis"]["early_vs_final"]["n"] >= 4
+    assert len((rep / "results.csv").read_text().splitlines()) == 1 + len(rows)
+    assert {p.name for p in (rep / "plots").iterdir()} >= {"loss_vs_dp.png", "loss_vs_params.png", "paired_delta.png",
+                                                          "diagnostics_vs_dp.png", "loss_curves.png"}
+    capsys.readouterr()
+    assert main(["advise", str(sweep_dir)]) == 0
+    assert "Recommendation: dP =" in capsys.readouterr().out
+    assert main(["advise", str(sweep_dir), "--dp", "64"]) == 2
+    assert "refusing to extrapolate" in capsys.readouterr().err
+    assert main(["advise", str(sweep_dir), "--preset", "gpu-125m"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to extrapolate" in err and "model.hidden_size" in err and err.count("\n") == 1
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("google-chrome") is None,
+                    reason="headless Chromium not installed (apt-get install chromium)")
+def test_report_renders_in_headless_chromium(sweep_dir, tmp_path):
+    if not (sweep_dir / "report" / "report.html").exists():
+        main(["report", str(sweep_dir), "--no-progress"])
+    script = Path(__file__).resolve().parents[1] / "scripts" / "check_report_render.py"
+    proc = subprocess.run([sys.executable, str(script), str(sweep_dir / "report" / "report.html"),
+                           "--png", str(tmp_path / "shot.png")], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("ok:")
+    blank = tmp_path / "blank.html"
+    blank.write_text("<html><body></body></html>")
+    proc = subprocess.run([sys.executable, str(script), str(blank)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1 and "BLANK" in proc.stdout
+
+
+def test_sweep_resumes_after_kill_and_never_redoes_a_run(tmp_path, tiny_data):
+    root = tmp_path / "sw"
+    cmd = [sys.executable, "-m", "plelab", "sweep", "--preset", "cpu-tiny", "--dp", "0,8", "--seeds", "2",
+           "--steps", "20", "--out", str(root), "--no-report", "--no-progress",
+           "--set", "train.checkpoint_every=10", "--set", "train.eval_every=10", "--set", "train.diag_windows=0"]
+    killed = subprocess.run(cmd, env={**os.environ, "PLELAB_FAULT": "after_step:15"}, capture_output=True, text=True)
+    assert killed.returncode == -9
+    first = root / "runs" / "dp0" / "seed-0"
+    # the early checkpoint (a quarter of the steps, for the early verdict) and the periodic one
+    assert sorted(p.name for p in (first / "checkpoints").iterdir()) == ["step-000005", "step-000010"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "0 already done, 4 to run" in done.stdout
+    for run in (root / "runs").glob("*/seed-*"):
+        steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert steps == list(range(1, 21)), run
+    stamps = {p: p.stat().st_mtime_ns for p in root.glob("runs/*/seed-*/summary.json")}
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 0 and "4 already done, 0 to run" in again.stdout
+    assert stamps == {p: p.stat().st_mtime_ns for p in root.glob("runs/*/seed-*/summary.json")}
+
+
+def test_sweep_grows_but_refuses_changed_definitions(tmp_path):
+    root = tmp_path / "g"
+    spec = _spec(arms=dp_arms([0, 8]))
+    merged = merge_spec(root, spec)
+    from plelab.sweep.spec import save_spec
+
+    save_spec(root, merged)
+    grown = merge_spec(root, _spec(arms=dp_arms([0, 8, 16]), seeds=[0, 1, 2]))
+    assert [a.name for a in grown.arms] == ["dp0", "dp8", "dp16"] and grown.seeds == [0, 1, 2]
+    changed = _spec(arms=dp_arms([0, 8]))
+    changed.arms[1].overrides = ["ple.dim=8", "ple.gate=scalar"]
+    with pytest.raises(PlelabError, match="arm dp8"):
+        merge_spec(root, changed)
+    with pytest.raises(PlelabError, match="steps"):
+        merge_spec(root, _spec(arms=dp_arms([0, 8]), steps=99))
+
+
+def test_emit_torchrun_and_slurm(tmp_path, capsys):
+    root = tmp_path / "e"
+    base = ["sweep", "--preset", "cpu-tiny", "--dp", "0,8", "--seeds", "2", "--steps", "4", "--out", str(root)]
+    assert main([*base, "--emit", "torchrun"]) == 0
+    lines = [x for x in (root / "commands.sh").read_text().splitlines() if x.startswith("torchrun")]
+    assert len(lines) == 4 and all("-m plelab train --out" in x and "--resume" in x for x in lines)
+    assert main([*base, "--emit", "slurm"]) == 0
+    sbatch = (root / "sweep.sbatch").read_text()
+    assert "#SBATCH --array=0-3" in sbatch and sbatch.count("'torchrun --standalone") == 4
+    # the emitted command is plain `plelab train --out RUN --resume` on the pre-written config
+    run = root / "runs" / "dp8" / "seed-1"
+    assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 0
+    spec = load_spec(root)
+    assert "train.early_checkpoint=1" in spec.overrides  # the early verdict at a quarter of the steps
+    states = {j.name: run_state(j) for j in jobs_of(root, spec)}
+    assert states["dp8/seed-1"] == "done" and states["dp0/seed-0"] == "new"
+
+
+def test_sweep_input_errors(tmp_path, capsys):
+    cases = [
+        (["sweep", "--dp", "8,16", "--out", str(tmp_path / "a")], "must include 0"),
+        (["sweep", "--dp", "0,x", "--out", str(tmp_path / "a")], "invalid --dp"),
+        (["sweep", "--dp", "0,8", "--controls", "nope", "--out", str(tmp_path / "a")], "unknown control"),
+        (["sweep", "--dp", "0,8", "--control-dp", "4", "--controls", "boost", "--out", str(tmp_path / "a")],
+         "is not one of"),
+        (["sweep", "--dp", "0,8", "--variant", "bad", "--out", str(tmp_path / "a")], "invalid --variant"),
+        (["sweep", "--seed", "3", "--out", str(tmp_path / "a")], "--seeds"),
+        (["report", str(tmp_path / "nothing")], "not a plelab sweep"),
+        (["advise", str(tmp_path)], "not a plelab sweep"),
+    ]
+    for argv, needle in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "a").exists()
+
+
+def test_demo_quick_writes_the_report(tmp_path, capsys, tiny_data):
+    assert main(["demo", "--quick", "--out", str(tmp_path / "d"), "--no-progress", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2,458,421,760" in out and "882,983,168" in out and "unigram entropy" in out
+    assert "Findings" in out and "Report:" in out
+    assert (tmp_path / "d" / "report" / "report.html").exists()
+    assert len(list((tmp_path / "d" / "runs").glob("*/seed-*/summary.json"))) == 9
