@@ -14,7 +14,6 @@ Profiles: the default fits the 15-minute budget on a 2-core CPU; ``--quick`` is 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,16 +46,13 @@ PROFILES = {
 }
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def run_demo(profile: str = "default", out: str | Path | None = None, data_path: str | None = None,
              jobs: int | None = None, progress: bool = True, log=print) -> Path:
     from plelab.config import resolve_config
     from plelab.data.pipeline import prepare_data
     from plelab.model.accounting import account
     from plelab.report.sweep import write_report
+    from plelab.runtime import available_cores
     from plelab.sweep.runner import run_sweep
     from plelab.sweep.spec import SweepSpec, dp_arms, merge_spec
 
@@ -84,9 +80,9 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
                      arms=dp_arms(prof.dims, prof.controls))
     spec = merge_spec(out, spec)
     if jobs is None:
-        jobs = 1 if base.train.device.startswith("cuda") else max(1, min(_cores(), 8))
+        jobs = 1 if base.train.device.startswith("cuda") else max(1, min(available_cores(), 8))
     run_sweep(out, spec, jobs=jobs, progress=progress, log=log)
-    paths = write_report(out, progress=progress)
+    paths = write_report(out)
     report = next(p for p in paths if p.suffix == ".html")
     findings = (out / "report" / "report.md").read_text().split("## Findings", 1)[1].split("\n## ", 1)[0]
     log("\nFindings" + findings.rstrip())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -38,5 +39,18 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     return path
 
 
+def json_safe(obj: object) -> object:
+    """``obj`` with every non-finite float replaced by ``None`` (JSON has no NaN / Infinity)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
 def write_json(path: str | os.PathLike, obj: object) -> Path:
-    return atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n"))
+    """Strict JSON (NaN / Infinity written as null), atomically."""
+    text = json.dumps(json_safe(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
+    return atomic_write(path, lambda p: p.write_text(text))

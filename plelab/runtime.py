@@ -9,12 +9,17 @@ import numpy as np
 import torch
 
 
+def available_cores() -> int:
+    """CPU cores this process may use (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def setup_torch(threads: int = 0) -> None:
     """Flush denormals (measured here: denormals in the LM-head backward make CPU matmuls ~80x
     slower) and use ``threads`` intra-op threads (0 = every core this process may use)."""
     torch.set_flush_denormal(True)
     if threads <= 0:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = available_cores()
     torch.set_num_threads(threads)
 
 

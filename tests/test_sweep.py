@@ -86,7 +86,7 @@ def test_frozen_table_is_not_trained(sweep_dir):
 
 
 def test_sweep_results_report_and_advise(sweep_dir, capsys):
-    assert main(["report", str(sweep_dir), "--no-progress"]) == 0
+    assert main(["report", str(sweep_dir)]) == 0
     rep = sweep_dir / "report"
     html = (rep / "report.html").read_text()
     assert "data:image/png;base64," in html and "http://" not in html and "https://" not in html
@@ -94,8 +94,9 @@ def test_sweep_results_report_and_advise(sweep_dir, capsys):
     for text in ("## Findings", "Results in the seed's format", "dp16-matched", "Does the early verdict",
                  "tokens per table row", "How this grid maps"):
         assert text in md
-    data = json.loads((rep / "results.json").read_text())
+    data = json.loads((rep / "results.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
     rows = {r["arm"]: r for r in data["analysis"]["rows"]}
+    assert rows["dp8-matched"]["vs_baseline"] == rows["dp8"]["vs_baseline"]  # an alias is its reference arm
     assert rows["dp16"]["added_params"] == data["accounting"]["dp16"]["added"] > 0
     assert rows["dp8"]["n"] == 2 and rows["dp16-matched"]["n"] == 2
     assert len(data["analysis"]["consecutive"]) == 2 and data["analysis"]["early_vs_final"]["n"] >= 4
@@ -116,7 +117,7 @@ def test_sweep_results_report_and_advise(sweep_dir, capsys):
                     reason="headless Chromium not installed (apt-get install chromium)")
 def test_report_renders_in_headless_chromium(sweep_dir, tmp_path):
     if not (sweep_dir / "report" / "report.html").exists():
-        main(["report", str(sweep_dir), "--no-progress"])
+        main(["report", str(sweep_dir)])
     script = Path(__file__).resolve().parents[1] / "scripts" / "check_report_render.py"
     proc = subprocess.run([sys.executable, str(script), str(sweep_dir / "report" / "report.html"),
                            "--png", str(tmp_path / "shot.png")], capture_output=True, text=True, timeout=180)
@@ -148,6 +149,13 @@ def test_sweep_resumes_after_kill_and_never_redoes_a_run(tmp_path, tiny_data):
     again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode == 0 and "4 already done, 0 to run" in again.stdout
     assert stamps == {p: p.stat().st_mtime_ns for p in root.glob("runs/*/seed-*/summary.json")}
+    # killed after its final checkpoint but before its summary: the rerun only writes the summary
+    (first / "summary.json").unlink()
+    metrics = (first / "metrics.jsonl").read_text()
+    last = subprocess.run(cmd, capture_output=True, text=True)
+    assert last.returncode == 0 and "3 already done, 1 to run" in last.stdout
+    assert (first / "summary.json").exists() and (first / "metrics.jsonl").read_text() == metrics
+    assert main(["sweep", *cmd[cmd.index("--preset"):], "--emit", "torchrun"]) == 2  # nothing left to emit
 
 
 def test_sweep_grows_but_refuses_changed_definitions(tmp_path):
@@ -194,6 +202,9 @@ def test_sweep_input_errors(tmp_path, capsys):
          "is not one of"),
         (["sweep", "--dp", "0,8", "--variant", "bad", "--out", str(tmp_path / "a")], "invalid --variant"),
         (["sweep", "--seed", "3", "--out", str(tmp_path / "a")], "--seeds"),
+        (["sweep", "--dp", "0,8", "--seed-list", "1,1", "--out", str(tmp_path / "a")], "repeats a seed"),
+        (["sweep", "--dp", "0,8", "--variant", "frozen:ple.gate=scalar", "--out", str(tmp_path / "a")],
+         "taken by a built-in"),
         (["report", str(tmp_path / "nothing")], "not a plelab sweep"),
         (["advise", str(tmp_path)], "not a plelab sweep"),
     ]
@@ -202,6 +213,16 @@ def test_sweep_input_errors(tmp_path, capsys):
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
     assert not (tmp_path / "a").exists()
+
+
+def test_report_needs_the_baseline(tmp_path, capsys):
+    root = tmp_path / "b"
+    spec = SweepSpec(preset="cpu-tiny", overrides=list(TINY), arms=dp_arms([0, 8]), seeds=[0], steps=12)
+    run_sweep(root, spec, progress=False, log=lambda *a: None)
+    shutil.rmtree(root / "runs" / "dp0")
+    assert main(["report", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "baseline dp0 has no finished run" in err and err.count("\n") == 1
 
 
 def test_demo_quick_writes_the_report(tmp_path, capsys, tiny_data):

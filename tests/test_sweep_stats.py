@@ -52,7 +52,7 @@ def test_diminishing_returns_and_small_real_differences():
     res = _synthetic({"dp0": base, "dp8": base - 0.005 + np.array([0, 1e-4, -1e-4, 2e-4, -2e-4])})
     (c,) = analyse(res)["consecutive"]
     assert c["label"] == stats.DIMINISHING  # significant and yet within ±δ
-    assert analyse(res)["vs_baseline"][0]["label"] == stats.SMALL
+    assert analyse(res)["vs_baseline"][0]["label"] == stats.SMALL_DROP
 
 
 def test_one_or_two_seeds_never_claim():

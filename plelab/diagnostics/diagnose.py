@@ -169,6 +169,12 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         return report
 
     run = RunTable(source)
+    if run.cfg.ple.table != "learned":
+        report["notes"].append(f"ple.table={run.cfg.ple.table}: the table was not trained (Δ = 0), so STRUCTURE does "
+                               "not apply" + ("; the use test asks whether the model relies on its random rows"
+                                              if run.cfg.ple.table == "frozen" else " and there is nothing to use"))
+        reference = null_run = null_reference = None
+        use = use and run.cfg.ple.table == "frozen"
     ref = RunTable(find_table(reference)) if reference is not None else None
     nul = RunTable(find_table(null_run)) if null_run is not None else None
     nul_ref = RunTable(find_table(null_reference)) if null_reference is not None else None

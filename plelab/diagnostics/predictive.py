@@ -48,11 +48,16 @@ def _ce(model: PLECausalLM, h, ids, y, a=None, b=None, chunk: int = 4096) -> tor
 
 
 def mean_row_gradient(model: PLECausalLM, window: torch.Tensor) -> float:
-    """Mean gradient norm per table row looked up in one training batch (``[B, T+1]`` tokens)."""
+    """Mean gradient norm per table row looked up in one training batch (``[B, T+1]`` tokens).
+
+    A frozen table (``ple.table=frozen``) is measured too: the gradient that would reach it."""
+    table = model.model.embed_tokens_per_layer.weight
+    frozen = not table.requires_grad
+    table.requires_grad_(True)
     model.zero_grad(set_to_none=True)
     model(window[:, :-1], labels=window[:, 1:]).loss.backward()
-    g = model.model.embed_tokens_per_layer.weight.grad
-    norms = g.norm(dim=1)
+    norms = table.grad.norm(dim=1)
+    table.requires_grad_(not frozen)
     used = norms > 0
     value = float(norms[used].mean()) if used.any() else 0.0
     model.zero_grad(set_to_none=True)

@@ -72,8 +72,9 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> l
                      f"{t['seq_len']} tokens per run ({reg['tokens']:,} tokens), seeds {spec.seeds}, paired: every "
                      f"arm of a seed has the same data order and initial trunk. A run's loss is the mean of its last "
                      f"{spec.last_k} validation evaluations; δ = {spec.delta} nats; α = {spec.alpha} after Holm. "
-                     "Confidence intervals are per comparison (unadjusted); the labels use Holm-adjusted p-values, "
-                     "so a CI that just excludes 0 can still be labelled inconclusive."))
+                     "Confidence intervals are 95% per comparison (unadjusted); the labels use Holm-adjusted "
+                     "p-values, so a CI that just excludes 0 can still be labelled inconclusive; the equivalence "
+                     "test (TOST) at α corresponds to the 90% CI lying inside ±δ."))
     if res.missing:
         out.append(("p", f"**{len(res.missing)} run(s) unfinished** and left out: {', '.join(res.missing[:8])}"
                          + (" …" if len(res.missing) > 8 else "") + f". Rerun `plelab sweep --out {res.root}`."))
@@ -97,14 +98,18 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> l
         "added parameters here: " + ", ".join(f"dP={d}: {p:.1f}%" for d, p in reg["added_fraction"])
         + "; the seed's: 8.98%, 17.96%, 35.92%, 71.83%.",
         f"tokens per table row: {reg['tokens_per_row']:,.0f} here vs ≈{reg['seed_tokens_per_row']:,.0f} in the seed "
-        f"(400B tokens over V=100,096) — a different regime: rows here see few updates.",
+        f"(400B tokens over V=100,096)"
+        + (f" — {reg['seed_tokens_per_row'] / reg['tokens_per_row']:,.0f}× fewer updates per row here."
+           if reg["tokens_per_row"] < reg["seed_tokens_per_row"] / 10 else "."),
         f"model: {reg['base_params'] / 1e6:.2f}M base parameters here vs 2,458M in the seed."])]
     out.append(("h2", "Figures"))
     out += [("img", p) for p in plots]
-    prov = next(iter(next(iter(res.runs.values())).values()))
+    every = list({id(r): r for by_seed in res.runs.values() for r in by_seed.values()}.values())  # aliases once
+    tps = sum(r.tokens_per_second for r in every) / len(every)
     out.append(("p", f"Written {time.strftime('%Y-%m-%d %H:%M')} by plelab from {res.root} "
                      f"(per-run provenance — seed, config, corpus fingerprint, versions, git commit — in each "
-                     f"run's summary.json; mean {prov.tokens_per_second:,.0f} tokens/s for {prov.arm})."))
+                     f"run's summary.json); {len(every)} runs, mean {tps:,.0f} tokens/s per run, "
+                     f"{sum(r.wall_seconds for r in every) / 60:.1f} run-minutes in all."))
     return out
 
 
@@ -181,10 +186,10 @@ def _csv(head, rows) -> str:
     return buf.getvalue()
 
 
-def write_report(root: str | Path, progress: bool = True) -> list[Path]:
+def write_report(root: str | Path) -> list[Path]:
     """Collect, analyse and write ``report/{report.md, report.html, results.csv, runs.csv, results.json}``."""
     root = Path(root)
-    res = collect(root, progress=progress)
+    res = collect(root)
     analysis = analyse(res)
     reg = regime(res)
     out = root / "report"

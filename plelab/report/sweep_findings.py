@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 import statistics
 
-from scipy import stats as sps
-
 from plelab.sweep import stats
 from plelab.sweep.results import SweepResults
 
@@ -15,17 +13,14 @@ SEED_FIRST_STEP = "dP 64→128 (+8.98% → +17.96% of base parameters), loss 2.1
 
 
 def required_seeds(analysis: dict, delta: float, alpha: float, power: float = 0.8) -> int | None:
-    """Seeds per arm for which the minimum detectable effect of a consecutive step reaches δ, at the
-    median spread of the paired differences measured here (None: no spread measured, or > 200)."""
+    """Seeds per arm for which the minimum detectable effect of a consecutive step (after Holm over
+    the steps) reaches δ, at the median spread of the paired differences measured here
+    (None: no spread measured, or more than 200)."""
     sds = [c["sd"] for c in analysis["consecutive"] if c.get("sd")]
     if not sds:
         return None
-    sd = statistics.median(sds)
-    for n in range(2, 201):
-        mde = (sps.t.ppf(1 - alpha / 2, n - 1) + sps.t.ppf(power, n - 1)) * sd / math.sqrt(n)
-        if mde <= delta:
-            return n
-    return None
+    sd, m = statistics.median(sds), len(analysis["consecutive"])
+    return next((n for n in range(2, 201) if stats.mde(sd, n, alpha, power, m) <= delta), None)
 
 
 def _step(c: dict) -> str:
@@ -45,8 +40,11 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[str]:
     vs = [c for c in analysis["vs_baseline"] if c["ci_low"] is not None]
     if vs:
         best = min(vs, key=lambda c: c["mean"])
-        out.append(f"Largest mean gain vs baseline: {best['b']} {best['mean']:+.4f} nats "
-                   f"[{best['ci_low']:+.4f}, {best['ci_high']:+.4f}], labelled '{best['label']}'.")
+        if best["mean"] < 0:
+            out.append(f"Largest mean gain vs baseline: {best['b']} {best['mean']:+.4f} nats "
+                       f"[{best['ci_low']:+.4f}, {best['ci_high']:+.4f}], labelled '{best['label']}'.")
+        else:
+            out.append(f"No dP lowered the mean loss below the baseline (smallest Δ: {best['b']} {best['mean']:+.4f}).")
     dead = [c for c in cons if c["label"] == stats.EQUIVALENT]
     if dead:
         out.append("Dead zone measured: " + "; ".join(_step(c) for c in dead)
@@ -58,13 +56,15 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[str]:
     if unclear:
         mdes = [c["mde"] for c in unclear if c["mde"] is not None]
         need = required_seeds(analysis, spec.delta, spec.alpha)
-        msg = (f"{len(unclear)} of {len(cons)} steps are inconclusive with {len(spec.seeds)} seeds — the usual "
+        n = min(c["n"] for c in unclear)
+        msg = (f"{len(unclear)} of {len(cons)} steps are inconclusive with {n} paired seeds — the usual "
                "outcome at this scale")
         if mdes:
-            msg += f"; the median minimum detectable effect is {statistics.median(mdes):.4f} nats at 80% power"
+            msg += (f"; the median minimum detectable effect is {statistics.median(mdes):.4f} nats at 80% power "
+                    "after Holm")
         if need:
-            msg += (f"; about {need} seeds per arm would resolve δ={spec.delta} at the spread measured here "
-                    f"(grow this sweep: plelab sweep --out {res.root} --seeds {need} with the same arguments)")
+            msg += (f"; about {need} seeds per arm would detect a true step of δ={spec.delta} at the spread measured "
+                    f"here (grow this sweep: plelab sweep --out {res.root} --seeds {need} with the same arguments)")
         out.append(msg + ".")
     positive = sorted({int(a.x) for a in spec.arms if a.family == "dP" and a.x > 0})
     first = next((c for c in cons if c["a"] == f"dp{positive[0]}"), None) if len(positive) > 1 else None

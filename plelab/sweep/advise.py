@@ -49,6 +49,8 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
                               "budget or data; run plelab sweep with that configuration")
     analysis = analyse(res)
     measured = sorted(int(a.x) for a in spec.arms if a.family == "dP" and a.name in res.runs)
+    if len(measured) < 2:
+        raise PlelabError(f"{root} has no finished dP > 0 arm yet; rerun the sweep to finish its runs")
     if dp is not None and dp not in measured:
         where = "beyond" if dp > max(measured) or dp < min(measured) else "between"
         verb = "extrapolate" if where == "beyond" else "interpolate"
@@ -72,7 +74,7 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
 
     if dp is not None:
         return "\n".join([*lines, describe(dp)])
-    gains = [d for d in measured if d > 0 and vs.get(f"dp{d}", {}).get("label") in (stats.DROP, stats.SMALL)
+    gains = [d for d in measured if d > 0 and vs.get(f"dp{d}", {}).get("label") in (stats.DROP, stats.SMALL_DROP)
              and vs[f"dp{d}"]["mean"] < 0]
     if not gains:
         lines.append("Recommendation: dP = 0. No measured dP lowered the validation loss significantly against the "
@@ -90,7 +92,8 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
     comps = stats.family([stats.paired(f"dp{d}", f"dp{best}",
                                        [loss[best][s].loss - loss[d][s].loss for s in seeds_ok[d]],
                                        spec.delta, spec.alpha) for d in cands], steps=False)
-    choice = next((d for d, c in zip(cands, comps) if c.label not in (stats.DROP, stats.SMALL)), best)
+    # the cheapest candidate that the best dP does not beat by more than δ
+    choice = next((d for d, c in zip(cands, comps) if c.label != stats.DROP), best)
     lines.append(f"Recommendation: dP = {choice}.")
     lines.append(f"  {describe(choice)}")
     if choice != best:

@@ -24,16 +24,16 @@ from plelab.sweep import stats
 from plelab.sweep.results import SweepResults
 
 
-def _compare(res: SweepResults, a: str, b: str) -> stats.Comparison | None:
+def _compare(res: SweepResults, a: str, b: str, m: int = 1) -> stats.Comparison | None:
     seeds = res.seeds_of(a, b)
     if not seeds:
         return None
     diffs = [res.runs[b][s].loss - res.runs[a][s].loss for s in seeds]
-    return stats.paired(a, b, diffs, res.spec.delta, res.spec.alpha)
+    return stats.paired(a, b, diffs, res.spec.delta, res.spec.alpha, m=m)
 
 
 def _family(res: SweepResults, pairs: list[tuple[str, str]], steps: bool = True) -> list[stats.Comparison]:
-    return stats.family([c for a, b in pairs if (c := _compare(res, a, b)) is not None], steps)
+    return stats.family([c for a, b in pairs if (c := _compare(res, a, b, m=len(pairs))) is not None], steps)
 
 
 def _curve(res: SweepResults, family: str) -> list[str]:
@@ -56,7 +56,7 @@ def _run_verdict(run, when: str) -> tuple[str, str] | None:
     if not diag and not cs:
         return None
     v = verdict(cs.get("cka"), cs.get("null_mean"), cs.get("null_sd"), delta=diag.get("delta"), se=diag.get("se"))
-    return v.structure, v.use
+    return v.structure, ("not tested" if "skipped" in diag else v.use)
 
 
 def arm_rows(res: SweepResults, vs_base: dict[str, stats.Comparison]) -> list[dict]:
@@ -69,7 +69,7 @@ def arm_rows(res: SweepResults, vs_base: dict[str, stats.Comparison]) -> list[di
             continue
         acc = res.accounting[arm.name]
         mean, sd = stats.mean_sd([r.loss for r in runs.values()])
-        cmp = (vs_base.get(arm.name) or _compare(res, base_name, arm.name)) if arm.name != base_name else None
+        cmp = vs_base.get(arm.alias_of or arm.name) if arm.name != base_name else None
         verdicts = [v for r in runs.values() if (v := _run_verdict(r, "final"))]
         snr = [r.signal.get("snr") for r in runs.values() if r.signal.get("snr") is not None]
         occ = [r.occurrences.get("median") for r in runs.values() if r.occurrences]
@@ -88,37 +88,46 @@ def arm_rows(res: SweepResults, vs_base: dict[str, stats.Comparison]) -> list[di
 
 def confounds(res: SweepResults, consecutive: list[stats.Comparison], curves: dict[str, list[stats.Comparison]],
               vs_base: dict[str, stats.Comparison], controls: list[stats.Comparison]) -> list[str]:
-    """Plain-language findings on artefacts (empty when no confound arm was run)."""
+    """Plain-language findings on artefacts (empty when no confound arm was run).
+
+    Scale-matched curve: a main-curve step that moves ("drop") where the matched curve is shown flat
+    ("equivalent"), or the reverse, depends on Gemma's √dP multiplier — a possible artefact. Frozen /
+    zeroed tables: a gain vs baseline counts as the learned table's only if the learned table beats the
+    control at the same dP (the control arms against their reference).
+    """
     notes = []
     x = {a.name: int(a.x) for a in res.spec.arms}
-    for fam, comps in curves.items():
-        by_x = {(x[c.a], x[c.b]): c for c in comps}
-        for c in consecutive:
-            other = by_x.get((x[c.a], x[c.b]))
-            if other is None:
-                continue
-            moved = {stats.DROP, stats.DIMINISHING}
-            if (c.label in moved) != (other.label in moved):
-                notes.append(f"dP {x[c.a]}→{x[c.b]}: '{c.label}' on the main curve but '{other.label}' with the "
-                             f"{fam} arms ({other.mean:+.4f}) — the transition depends on {fam}: possibly an artefact")
-            else:
-                notes.append(f"dP {x[c.a]}→{x[c.b]}: '{c.label}' on the main curve and '{other.label}' with the "
-                             f"{fam} arms — consistent")
+    moved, flat = {stats.DROP, stats.DIMINISHING}, {stats.EQUIVALENT}
+    matched = {(x[c.a], x[c.b]): c for c in curves.get("matched", [])}
+    for c in consecutive:
+        other = matched.get((x[c.a], x[c.b]))
+        if other is None or c.label == stats.INCONCLUSIVE or other.label == stats.INCONCLUSIVE:
+            continue
+        step = f"dP {x[c.a]}→{x[c.b]}: '{c.label}' on the main curve, '{other.label}' with the table scale held fixed"
+        if (c.label in moved and other.label in flat) or (c.label in flat and other.label in moved):
+            notes.append(f"{step} ({other.mean:+.4f}) — the step depends on the √dP multiplier: possibly an artefact")
+        else:
+            notes.append(f"{step} — not an artefact of the √dP multiplier")
     ctrl = {c.b: c for c in controls}
     for arm in res.spec.arms:
         if arm.family not in ("frozen", "zero") or arm.reference not in vs_base:
             continue
         main, against = vs_base[arm.reference], ctrl.get(arm.name)
-        if main.label not in (stats.DROP, stats.SMALL) or against is None:
+        if main.label not in (stats.DROP, stats.SMALL_DROP) or against is None:
             continue
-        # against = control − main: > 0 means the learned table beats the control
-        if against.label == stats.RISE:
-            notes.append(f"dP={int(arm.x)}: the gain vs baseline ({main.mean:+.4f}) is credited to the learned "
-                         f"table: the {arm.family} table is worse by {against.mean:+.4f} "
-                         f"[{against.ci_low:+.4f}, {against.ci_high:+.4f}]")
+        what = "frozen at its random init" if arm.family == "frozen" else "zeroed"
+        # against = control − learned: a significant rise means the learned table beats the control
+        if against.label in (stats.RISE, stats.SMALL_RISE):
+            notes.append(f"dP={int(arm.x)}: the gain vs baseline ({main.mean:+.4f}) needs the learned table: with the "
+                         f"table {what} the loss is {against.mean:+.4f} [{against.ci_low:+.4f}, "
+                         f"{against.ci_high:+.4f}] higher")
+        elif against.label == stats.INCONCLUSIVE:
+            notes.append(f"dP={int(arm.x)}: cannot tell whether the gain vs baseline ({main.mean:+.4f}) needs the "
+                         f"learned table: {arm.name} − {arm.reference} = {against.mean:+.4f} (inconclusive)")
         else:
-            notes.append(f"dP={int(arm.x)}: the gain vs baseline ({main.mean:+.4f}) is not shown to need a learned "
-                         f"table: {arm.family} − learned = {against.mean:+.4f} ({against.label})")
+            notes.append(f"dP={int(arm.x)}: the gain vs baseline ({main.mean:+.4f}) is not credited to the learned "
+                         f"table: with the table {what}, {arm.name} − {arm.reference} = {against.mean:+.4f} "
+                         f"('{against.label}')")
     return notes
 
 
@@ -171,15 +180,16 @@ def analyse(res: SweepResults) -> dict:
     vs_base.update({c.b: c for c in _family(res, [(spec.baseline, a) for a in others], steps=False)})
     rows = arm_rows(res, vs_base)
     added = {a.name: res.accounting[a.name]["added"] for a in spec.arms}
+    per_m = {}
     for c in consecutive:
         extra = (added[c.b] - added[c.a]) / 1e6
-        c.reason += f"; gain per added M params {-c.mean / extra:+.4f} nats" if extra > 0 else ""
+        per_m[(c.a, c.b)] = -c.mean / extra if extra > 0 else None
+        c.reason += f"; gain per added M params {per_m[(c.a, c.b)]:+.4f} nats" if extra > 0 else ""
     return {
         "rows": rows,
         "vs_baseline": [vs_base[a].to_dict() for a in main[1:] if a in vs_base],
         "controls_vs_baseline": [vs_base[a].to_dict() for a in others if a in vs_base],
-        "consecutive": [c.to_dict() | {"gain_per_m_params": (-c.mean / ((added[c.b] - added[c.a]) / 1e6))
-                                       if added[c.b] > added[c.a] else None} for c in consecutive],
+        "consecutive": [c.to_dict() | {"gain_per_m_params": per_m[(c.a, c.b)]} for c in consecutive],
         "controls": [c.to_dict() for c in controls],
         "curves": {f: [c.to_dict() for c in cs] for f, cs in curves.items()},
         "confounds": confounds(res, consecutive, curves, vs_base, controls),

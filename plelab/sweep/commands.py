@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from plelab.errors import ConfigError
+from plelab.errors import ConfigError, PlelabError
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -29,8 +29,9 @@ def _variants(items: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def dp_spec_from_args(args: argparse.Namespace):
-    """The :class:`SweepSpec` that ``plelab sweep`` arguments describe (validated, nothing written)."""
+def dp_spec_from_args(args: argparse.Namespace, existing=None):
+    """The :class:`SweepSpec` that ``plelab sweep`` arguments describe (validated, nothing written).
+    ``existing``: the spec already in the folder — its control placement is kept when not given."""
     from plelab.config import resolve_config
     from plelab.sweep.spec import CONTROLS, SweepSpec, dp_arms
 
@@ -42,9 +43,8 @@ def dp_spec_from_args(args: argparse.Namespace):
     preset_cfg = resolve_config(args.preset, overrides, gate=args.gate)
     steps = args.steps if args.steps is not None else preset_cfg.train.steps
     early = preset_cfg.train.early_checkpoint
-    if not 0 < early <= steps // 2 and steps >= 4 and not any(o.startswith("train.early_checkpoint=")
-                                                               for o in overrides):
-        overrides.append(f"train.early_checkpoint={max(1, steps // 4)}")  # the early verdict at a quarter
+    if not 0 < early <= steps // 2 and not any(o.startswith("train.early_checkpoint=") for o in overrides):
+        overrides.append(f"train.early_checkpoint={steps // 4}")  # the early verdict at a quarter (0 = none)
     base = resolve_config(args.preset, overrides, gate=args.gate, steps=args.steps)
     dims = _int_list(args.dp, "--dp") if args.dp else [0, base.ple.dim]
     if any(d < 0 for d in dims):
@@ -54,56 +54,71 @@ def dp_spec_from_args(args: argparse.Namespace):
     seeds = _int_list(args.seed_list, "--seed-list") if args.seed_list else list(range(args.seeds))
     if len(seeds) < 1 or args.seeds < 1:
         raise ConfigError("--seeds must be >= 1 (3 or more for any statistics)")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seed-list {args.seed_list!r} repeats a seed; each seed is one run per arm")
     if args.gate:
         overrides.append(f"ple.gate={args.gate}")
-    arms = dp_arms(dims, controls, args.control_dp, _variants(args.variant))
+    positive = sorted(d for d in set(dims) if d > 0)
+    control_dp = args.control_dp if args.control_dp is not None else (
+        existing.control_dp if existing is not None and existing.control_dp is not None
+        else (positive[len(positive) // 2] if positive else None))
+    matched_ref = existing.matched_ref if existing is not None and existing.matched_ref is not None else (
+        positive[0] if positive else None)
+    arms = dp_arms(dims, controls, control_dp, _variants(args.variant), matched_ref=matched_ref)
     if args.delta <= 0:
         raise ConfigError(f"--delta must be > 0 (the smallest effect of interest in nats), got {args.delta}")
     return SweepSpec(preset=args.preset, overrides=overrides, arms=arms, seeds=seeds, steps=args.steps,
-                     last_k=args.last_k, delta=args.delta)
+                     last_k=args.last_k, delta=args.delta, control_dp=control_dp, matched_ref=matched_ref)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from plelab.sweep.runner import emit_scripts, run_sweep
-    from plelab.sweep.spec import merge_spec
+    from plelab.sweep.spec import load_spec, merge_spec
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     if args.last_k < 1:
         raise ConfigError(f"--last-k must be >= 1, got {args.last_k}")
     root = Path(args.out)
-    spec = merge_spec(root, dp_spec_from_args(args))
+    spec = merge_spec(root, dp_spec_from_args(args, existing=load_spec(root)))
     if args.emit:
         path = emit_scripts(root, spec, args.emit)
         print(f"wrote {path}; when the runs are done: plelab report {root}")
         return 0
     run_sweep(root, spec, jobs=args.jobs, progress=not args.no_progress)
     if not args.no_report:
-        _report(root, progress=not args.no_progress)
+        _report(root)
     return 0
 
 
-def _report(root: Path, progress: bool = True) -> None:
+def _report(root: Path) -> None:
     from plelab.report.sweep import write_report
 
-    paths = write_report(root, progress=progress)
+    paths = write_report(root)
     print("\n".join(f"wrote {p}" for p in paths))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    _report(Path(args.sweep), progress=not args.no_progress)
+    _report(Path(args.sweep))
     return 0
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
     from plelab.sweep.advise import advise
+    from plelab.sweep.spec import load_spec
 
     target = None
     if args.preset or args.overrides:
         from plelab.config import resolve_config
 
-        target = resolve_config(args.preset or "cpu-sweep", args.overrides)
-    print(advise(Path(args.sweep), target=target, dp=args.dp, target_name=args.preset))
+        spec = load_spec(Path(args.sweep))
+        if spec is None:
+            raise PlelabError(f"{args.sweep} is not a plelab sweep (no sweep.json); give a sweep folder")
+        if args.preset:  # another configuration: compared as given
+            target = resolve_config(args.preset, args.overrides)
+        else:  # the sweep's own configuration with changes
+            target = resolve_config(spec.preset, [*spec.overrides, *args.overrides], steps=spec.steps)
+    print(advise(Path(args.sweep), target=target, dp=args.dp, target_name=args.preset or "that configuration"))
     return 0
 
 
@@ -132,7 +147,6 @@ def add_sweep_parsers(sub, config_args) -> None:
 
     p = sub.add_parser("report", help="write a sweep's report: HTML (self-contained) + Markdown + CSV/JSON")
     p.add_argument("sweep", help="the sweep folder")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("advise", help="recommend dP from a finished sweep (never beyond what it measured)")

@@ -16,7 +16,7 @@ import numpy as np
 
 from plelab.errors import PlelabError
 from plelab.model.accounting import account
-from plelab.sweep.runner import RunJob, jobs_of, run_config, run_state
+from plelab.sweep.runner import RunJob, data_key, jobs_of, run_config, run_state
 from plelab.sweep.spec import SweepSpec, load_spec
 
 SEED_TOKENS = 400e9  # the seed's training budget (400B tokens, V = 100,096)
@@ -103,7 +103,8 @@ def read_run(job: RunJob, last_k: int) -> RunResult:
     rows = _read_jsonl(job.path / "metrics.jsonl")
     vals = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
     if not vals:
-        raise PlelabError(f"run {job.path} has no validation loss; rerun the sweep to finish it")
+        raise PlelabError(f"run {job.path} is marked done but its metrics.jsonl has no validation loss; "
+                          "delete that run folder and rerun the sweep to redo it")
     summary = json.loads((job.path / "summary.json").read_text())
     diag_rows = [r for r in rows if "diag" in r]
     tc = job.cfg.train
@@ -136,7 +137,7 @@ def cross_seed_structure(jobs: list[RunJob], step: int, data_cache: dict) -> dic
         ckpt = _checkpoint(job.path, step)
         if not ckpt.exists():
             return {}
-        key = json.dumps([job.cfg.data.__dict__, job.cfg.model.vocab_size], sort_keys=True, default=str)
+        key = data_key(job.cfg)
         if key not in data_cache:
             data_cache[key] = prepare_data(job.cfg, progress=False)
         tables[job.seed] = RunTable(find_table(ckpt), data_cache[key])
@@ -171,7 +172,7 @@ class SweepResults:
         return [self.runs[arm][s].loss for s in seeds]
 
 
-def collect(root: str | Path, structure: bool = True, progress: bool = False) -> SweepResults:
+def collect(root: str | Path, structure: bool = True) -> SweepResults:
     """Read every finished run of the sweep in ``root`` (unfinished ones are listed as missing)."""
     root = Path(root)
     spec = load_spec(root)
@@ -200,8 +201,9 @@ def collect(root: str | Path, structure: bool = True, progress: bool = False) ->
         cfg = run_config(spec, arm, spec.seeds[0])
         configs[arm.name] = cfg.to_dict()
         accounting[arm.name] = account(cfg.model, cfg.ple, cfg.train.seq_len).to_dict()
-    if not any(runs.values()):
-        raise PlelabError(f"{root} has no finished run yet; run plelab sweep --out {root} to finish them")
+    if not runs.get(spec.baseline):
+        raise PlelabError(f"{root}: the baseline {spec.baseline} has no finished run yet, and every comparison is "
+                          f"paired with it; rerun the sweep to finish its runs ({len(missing)} unfinished)")
     return SweepResults(root, spec, runs, accounting, configs, missing)
 
 

@@ -6,8 +6,8 @@ starts, so every way of running it is the same command: ``plelab train --out RUN
 count; a run with checkpoints resumes from the newest; a finished run is never redone.
 
 - ``jobs=1``: runs one after another in this process (the tokenised corpus is loaded once);
-- ``jobs=N``: N worker processes with ``cores // N`` threads each (on 2 cores two 1-thread
-  workers train ≈1.35× more tokens/s in total than one 2-thread process at the demo's size);
+- ``jobs=N``: N worker processes with ``cores // N`` threads each (on 2 cores, a two-run
+  ``cpu-sweep`` sweep finishes 1.13× sooner with two 1-thread workers: ``bench/sweep_jobs.py``);
 - ``emit="torchrun"`` / ``"slurm"``: write the per-run commands / a Slurm array script instead.
 
 A lock file keeps two sweep processes out of the same folder.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from tqdm.auto import tqdm
 from plelab.config import RunConfig, resolve_config
 from plelab.errors import PlelabError
 from plelab.io import atomic_write, write_json
+from plelab.runtime import available_cores
 from plelab.sweep.spec import Arm, SweepSpec, run_dir, save_spec
 
 
@@ -49,10 +51,26 @@ def run_config(spec: SweepSpec, arm: Arm, seed: int) -> RunConfig:
     return resolve_config(spec.preset, [*spec.overrides, *arm.overrides], seed=seed, steps=spec.steps)
 
 
+def _saved_or_resolved(spec: SweepSpec, arm: Arm, seed: int, path: Path) -> RunConfig:
+    """A started run's own ``config.json`` (what it was trained with, even if a preset changed since)."""
+    saved = path / "config.json"
+    if not saved.exists():
+        return run_config(spec, arm, seed)
+    try:
+        return RunConfig.from_dict(json.loads(saved.read_text()))
+    except (OSError, ValueError) as err:
+        raise PlelabError(f"{saved} is unreadable ({err}); delete that run folder and rerun the sweep") from None
+
+
 def jobs_of(root: Path, spec: SweepSpec) -> list[RunJob]:
     """Every run of the sweep (seeds outer, so that the first finished seed pairs every arm)."""
-    return [RunJob(arm, seed, run_dir(root, arm.name, seed), run_config(spec, arm, seed))
-            for seed in spec.seeds for arm in spec.runnable()]
+    return [RunJob(arm, seed, path, _saved_or_resolved(spec, arm, seed, path))
+            for seed in spec.seeds for arm in spec.runnable() if (path := run_dir(root, arm.name, seed))]
+
+
+def data_key(cfg: RunConfig) -> str:
+    """Runs with equal keys share one tokenised corpus."""
+    return json.dumps([cfg.data.__dict__, cfg.model.vocab_size], sort_keys=True, default=str)
 
 
 def run_state(job: RunJob) -> str:
@@ -89,17 +107,25 @@ def _prepare(root: Path, spec: SweepSpec) -> list[RunJob]:
     return jobs
 
 
-def train_command(job: RunJob, threads: int | None = None, torchrun: bool = False) -> list[str]:
-    head = ["torchrun", "--standalone", "--nproc_per_node=${NPROC:-1}", "-m", "plelab"] if torchrun \
-        else [sys.executable, "-m", "plelab"]
-    cmd = [*head, "train", "--out", str(job.path), "--resume", "--no-progress"]
+def train_command(job: RunJob, threads: int | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "plelab", "train", "--out", str(job.path), "--resume", "--no-progress"]
     return cmd + (["--set", f"train.threads={threads}"] if threads else [])
+
+
+def torchrun_line(job: RunJob) -> str:
+    args = ["train", "--out", str(job.path.resolve()), "--resume", "--no-progress"]
+    return "torchrun --standalone --nproc_per_node=${NPROC:-1} -m plelab " + " ".join(shlex.quote(a) for a in args)
 
 
 def emit_scripts(root: Path, spec: SweepSpec, kind: str) -> Path:
     """Write ``commands.sh`` (one torchrun line per unfinished run) or ``sweep.sbatch`` (a Slurm array)."""
-    jobs = [j for j in _prepare(root, spec) if run_state(j) != "done"]
-    lines = [" ".join(train_command(j, torchrun=True)) for j in jobs]
+    if kind not in ("torchrun", "slurm"):
+        raise PlelabError(f"--emit {kind!r}: choose torchrun or slurm")
+    with sweep_lock(root):
+        jobs = [j for j in _prepare(root, spec) if run_state(j) != "done"]
+    if not jobs:
+        raise PlelabError(f"every run of {root} is done: nothing to emit; plelab report {root} writes the report")
+    lines = [torchrun_line(j) for j in jobs]
     if kind == "torchrun":
         body = "#!/usr/bin/env bash\n# One line per unfinished run; set NPROC to the GPUs per run.\n" \
                "set -euo pipefail\n" + "\n".join(lines) + "\n"
@@ -110,17 +136,11 @@ def emit_scripts(root: Path, spec: SweepSpec, kind: str) -> Path:
                 "#SBATCH --gpus-per-task=1\n#SBATCH --output=slurm-%A_%a.out\n"
                 "# One array task per unfinished run; each resumes from its own checkpoints if requeued.\n"
                 "set -euo pipefail\nNPROC=${SLURM_GPUS_ON_NODE:-1}\nRUNS=(\n"
-                + "".join(f"  '{line}'\n" for line in lines) + ")\neval \"${RUNS[$SLURM_ARRAY_TASK_ID]}\"\n")
+                + "".join(f"  {shlex.quote(line)}\n" for line in lines) + ")\neval \"${RUNS[$SLURM_ARRAY_TASK_ID]}\"\n")
         path = Path(root) / "sweep.sbatch"
-    else:
-        raise PlelabError(f"--emit {kind!r}: choose torchrun or slurm")
     atomic_write(path, lambda p: p.write_text(body))
     os.chmod(path, 0o755)
     return path
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool = True, log=print) -> list[RunJob]:
@@ -150,7 +170,7 @@ def _run_in_process(todo: list[RunJob], bar, progress: bool, log) -> None:
 
     data_cache: dict[str, object] = {}
     for job in todo:
-        key = json.dumps([job.cfg.data.__dict__, job.cfg.model.vocab_size], sort_keys=True, default=str)
+        key = data_key(job.cfg)
         if key not in data_cache:
             data_cache[key] = prepare_data(job.cfg, progress=progress)
         start = time.perf_counter()
@@ -166,7 +186,11 @@ def _run_in_process(todo: list[RunJob], bar, progress: bool, log) -> None:
 
 
 def _run_workers(todo: list[RunJob], jobs: int, bar, log) -> None:
-    threads = max(1, _cores() // jobs)
+    from plelab.data.pipeline import prepare_data
+
+    for cfg in {data_key(j.cfg): j.cfg for j in todo}.values():  # tokenise once here, not in every worker
+        prepare_data(cfg, progress=False)
+    threads = max(1, available_cores() // jobs)
     pending, active, failed = list(todo), [], []
     try:
         while pending or active:
@@ -174,7 +198,11 @@ def _run_workers(todo: list[RunJob], jobs: int, bar, log) -> None:
                 job = pending.pop(0)
                 job.path.mkdir(parents=True, exist_ok=True)
                 fh = open(job.path / "train.log", "a")
-                proc = subprocess.Popen(train_command(job, threads), stdout=fh, stderr=subprocess.STDOUT)
+                try:
+                    proc = subprocess.Popen(train_command(job, threads), stdout=fh, stderr=subprocess.STDOUT)
+                except OSError as err:
+                    fh.close()
+                    raise PlelabError(f"cannot start a worker for {job.name}: {err}") from None
                 active.append((job, proc, fh, time.perf_counter()))
             time.sleep(0.2)
             for item in list(active):

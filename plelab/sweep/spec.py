@@ -68,6 +68,9 @@ class SweepSpec:
     delta: float = 0.02
     alpha: float = 0.05
     baseline: str = "dp0"
+    # Where the point controls sit and the matched arms' fixed multiplier dimension (kept when the sweep grows).
+    control_dp: int | None = None
+    matched_ref: int | None = None
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:
@@ -93,8 +96,9 @@ def run_dir(root: Path, arm: str, seed: int) -> Path:
 
 
 def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = None,
-            variants: dict[str, list[str]] | None = None) -> list[Arm]:
-    """The dP study's arms (see the module docstring). ``dims`` must include 0 (the baseline)."""
+            variants: dict[str, list[str]] | None = None, matched_ref: int | None = None) -> list[Arm]:
+    """The dP study's arms (see the module docstring). ``dims`` must include 0 (the baseline);
+    ``control_dp`` defaults to the middle positive dP, ``matched_ref`` to the smallest."""
     dims = sorted(set(dims))
     if 0 not in dims:
         raise PlelabError("--dp must include 0: the baseline every arm is paired with")
@@ -104,9 +108,11 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
     unknown = [c for c in controls if c not in CONTROLS]
     if unknown:
         raise PlelabError(f"unknown control {unknown[0]!r}: choose from {', '.join(CONTROLS)} (or 'all')")
-    if control_dp is None:
-        control_dp = positive[len(positive) // 2]
-    if control_dp not in positive:
+    reserved = [n for n in (variants or {}) if n in (*CONTROLS, "dP") or n.startswith("tablelr")]
+    if reserved:
+        raise PlelabError(f"--variant name {reserved[0]!r} is taken by a built-in arm family; choose another name")
+    control_dp = positive[len(positive) // 2] if control_dp is None else control_dp
+    if control_dp not in positive and ({"table-lr", "boost"} & set(controls)):
         raise PlelabError(f"--control-dp {control_dp} is not one of the swept dP values {positive}")
     arms = [Arm(f"dp{d}", [f"ple.dim={d}"], "dP", d, description="baseline (no PLE)" if d == 0 else f"dP={d}")
             for d in dims]
@@ -120,7 +126,7 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
         arms += [Arm(f"dp{d}-zero", [f"ple.dim={d}", "ple.table=zero"], "zero", d, reference=f"dp{d}",
                      description="table zeroed: only the model-level projection path") for d in positive]
     if "matched" in controls:
-        ref = positive[0]
+        ref = positive[0] if matched_ref is None else matched_ref
         arms += [Arm(f"dp{d}-matched", [f"ple.dim={d}", f"ple.table_scale_dim={ref}"], "matched", d,
                      reference=f"dp{d}", alias_of=f"dp{d}" if d == ref else None,
                      description=f"table multiplier fixed at sqrt({ref}) for every dP") for d in positive]
@@ -134,6 +140,10 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
         arms.append(Arm(f"dp{control_dp}-boost", [f"ple.dim={control_dp}", f"ple.table_scale={BOOST:g}"], "boost",
                         control_dp, reference=f"dp{control_dp}",
                         description=f"table multiplier ×{BOOST:g} (stronger injected signal)"))
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise PlelabError(f"two arms are both named {dup!r}; rename the --variant")
     return arms
 
 
@@ -171,7 +181,9 @@ def merge_spec(root: Path, new: SweepSpec) -> SweepSpec:
             raise PlelabError(f"arm {a.name} in {root} was run with {mine.overrides}, now {a.overrides}; "
                               "choose another --out for a different definition")
     seeds = old.seeds + [s for s in new.seeds if s not in old.seeds]
-    return dataclasses.replace(old, arms=arms, seeds=seeds, last_k=new.last_k, delta=new.delta, alpha=new.alpha)
+    return dataclasses.replace(old, arms=arms, seeds=seeds, last_k=new.last_k, delta=new.delta, alpha=new.alpha,
+                               control_dp=old.control_dp if old.control_dp is not None else new.control_dp,
+                               matched_ref=old.matched_ref if old.matched_ref is not None else new.matched_ref)
 
 
 def save_spec(root: Path, spec: SweepSpec) -> None:

@@ -9,8 +9,11 @@ d_i = loss_B,i − loss_A,i enter. With n seeds:
   H0: d ≤ −δ and H0: d ≥ +δ are rejected; p_TOST = max of the two one-sided p;
 - Holm (1979): step-down correction of the p-values of a family of comparisons (both the
   difference and the equivalence p-values are corrected within the family);
-- minimum detectable effect at power 1−β: (t_{1−α/2,n−1} + t_{1−β,n−1})·s/√n (the usual
-  normal-shift approximation with the t quantiles).
+- minimum detectable effect at power 1−β: (t_{1−α'/2,n−1} + t_{1−β,n−1})·s/√n (the usual
+  normal-shift approximation with the t quantiles), at α' = α/m for a family of m comparisons —
+  Holm's threshold for its smallest p-value, so the MDE is what the corrected test can detect.
+
+The 95% CI is per comparison; the TOST at α is equivalent to the 90% CI lying inside ±δ.
 
 Labels, with α after Holm correction and δ the declared smallest effect of interest:
 
@@ -32,7 +35,8 @@ from scipy import stats as sps
 
 DROP, RISE, EQUIVALENT, DIMINISHING, INCONCLUSIVE = (
     "significant drop", "significant rise", "equivalent within ±δ", "diminishing returns", "inconclusive")
-SMALL = "real but smaller than δ"  # DIMINISHING's name outside a step along the dP curve
+# DIMINISHING's names outside a step along the dP curve (e.g. a control against its arm)
+SMALL_DROP, SMALL_RISE = "real drop smaller than δ", "real rise smaller than δ"
 
 
 @dataclass
@@ -60,9 +64,17 @@ class Comparison:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
 
 
+def mde(sd: float, n: int, alpha: float = 0.05, power: float = 0.8, m: int = 1) -> float:
+    """Minimum detectable effect of a paired t-test with n pairs and spread sd, at α/m (two-sided)."""
+    if n < 2:
+        return math.nan
+    return (float(sps.t.ppf(1 - alpha / (2 * m), n - 1)) + float(sps.t.ppf(power, n - 1))) * sd / math.sqrt(n)
+
+
 def paired(a: str, b: str, diffs: list[float] | np.ndarray, delta: float, alpha: float = 0.05,
-           power: float = 0.8) -> Comparison:
-    """Paired t and TOST for the differences ``diffs`` (B − A, one per seed), uncorrected."""
+           power: float = 0.8, m: int = 1) -> Comparison:
+    """Paired t and TOST for the differences ``diffs`` (B − A, one per seed), uncorrected; the MDE is
+    computed for a family of ``m`` comparisons."""
     d = np.asarray(diffs, dtype=np.float64)
     n = len(d)
     mean = float(d.mean()) if n else math.nan
@@ -73,16 +85,17 @@ def paired(a: str, b: str, diffs: list[float] | np.ndarray, delta: float, alpha:
     df = n - 1
     se = sd / math.sqrt(n)
     tq = float(sps.t.ppf(1 - alpha / 2, df))
-    mde = (tq + float(sps.t.ppf(power, df))) * sd / math.sqrt(n)
+    detectable = mde(sd, n, alpha, power, m)
     if se == 0.0:  # identical differences in every pair (e.g. two arms with the same config)
         p = 0.0 if mean != 0 else 1.0
         p_tost = 0.0 if abs(mean) < delta else 1.0
-        return Comparison(a, b, n, mean, sd, mean, mean, p, p_tost, delta, alpha, mde)
+        return Comparison(a, b, n, mean, sd, mean, mean, p, p_tost, delta, alpha, detectable)
     t = mean / se
     p = float(2 * sps.t.sf(abs(t), df))
     p_lower = float(sps.t.sf((mean + delta) / se, df))  # H0: d <= -delta
     p_upper = float(sps.t.cdf((mean - delta) / se, df))  # H0: d >= +delta
-    return Comparison(a, b, n, mean, sd, mean - tq * se, mean + tq * se, p, max(p_lower, p_upper), delta, alpha, mde)
+    return Comparison(a, b, n, mean, sd, mean - tq * se, mean + tq * se, p, max(p_lower, p_upper), delta, alpha,
+                      detectable)
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -105,13 +118,14 @@ def label(c: Comparison, steps: bool = True) -> tuple[str, str]:
     ci = f"Δ {c.mean:+.4f} [{c.ci_low:+.4f}, {c.ci_high:+.4f}], p_Holm {c.p_holm:.3g}, p_TOST,Holm {c.p_tost_holm:.3g}"
     significant, equivalent = c.p_holm < c.alpha, c.p_tost_holm < c.alpha
     if significant and equivalent:
-        return (DIMINISHING if steps and c.mean < 0 else SMALL), f"{ci}: a real change smaller than δ={c.delta}"
+        small = (DIMINISHING if steps else SMALL_DROP) if c.mean < 0 else SMALL_RISE
+        return small, f"{ci}: a real change smaller than δ={c.delta}"
     if significant:
         return (DROP if c.mean < 0 else RISE), ci
     if equivalent:
         return EQUIVALENT, f"{ci}: within ±{c.delta} (a dead zone, measured)"
     return INCONCLUSIVE, (f"{ci}: neither different nor shown equivalent with n={c.n} seeds "
-                          f"(minimum detectable effect {c.mde:.4f} nats at 80% power)")
+                          f"(minimum detectable effect {c.mde:.4f} nats at 80% power after Holm)")
 
 
 def family(comparisons: list[Comparison], steps: bool = True) -> list[Comparison]:

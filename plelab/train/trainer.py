@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from plelab.io import write_json
 from plelab.model.accounting import flops_per_token
 from plelab.model.init import build_model, param_seed
 from plelab.provenance import provenance
-from plelab.runtime import resolve_device, seed_everything, setup_torch
+from plelab.runtime import available_cores, resolve_device, seed_everything, setup_torch
 from plelab.train import checkpoint as ckpt
 from plelab.train.distributed import (
     DistInfo,
@@ -75,8 +74,7 @@ class Trainer:
         device = resolve_device(tc.device)
         self.dist: DistInfo = init_distributed(device.type)
         self.device = torch.device("cuda", self.dist.local_rank) if device.type == "cuda" else device
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        setup_torch(tc.threads or max(1, cores // self.dist.local_world_size))
+        setup_torch(tc.threads or max(1, available_cores() // self.dist.local_world_size))
         seed_everything(cfg.seed)
         per_step = self.dist.world_size * tc.grad_accum
         if tc.batch_size % per_step:
@@ -253,7 +251,10 @@ class Trainer:
                      "(raise --steps to continue it)")
             if self.sinks is not None:
                 self.sinks.close()
-            result.tokens_seen = self.tokens_seen
+            result.tokens_seen, result.wall_seconds = self.tokens_seen, self.wall_before
+            result.tokens_per_second = self.tokens_seen / self.wall_before if self.wall_before else 0.0
+            if self.run_dir is not None and not (self.run_dir / "summary.json").exists():
+                self._write_summary(result, [])  # killed between its last checkpoint and its summary
             return result
         self._start = time.perf_counter()
         first_step = self.step
@@ -290,17 +291,22 @@ class Trainer:
         result.tokens_seen = self.tokens_seen
         result.wall_seconds = self.wall_before + elapsed
         result.tokens_per_second = (self.step - first_step) * tc.batch_size * tc.seq_len / max(elapsed, 1e-9)
-        if self.run_dir is not None and main:
-            write_json(self.run_dir / "summary.json", {
-                "final_train_loss": result.train_losses[-1] if result.train_losses else None,
-                "final_val_loss": self.val_history[-1][1] if self.val_history else None,
-                "val_unigram_entropy": self.data.unigram_entropy(self.cfg.model.vocab_size),
-                "steps": self.step, "tokens_seen": self.tokens_seen,
-                "epochs": self.sampler.epochs(self.step, tc.batch_size), "wall_seconds": result.wall_seconds,
-                "tokens_per_second": result.tokens_per_second, "world_size": self.dist.world_size,
-                "params": sum(p.numel() for p in self.model.parameters()),
-                **provenance(self.cfg, self.data.corpus_fingerprint)})
+        self._write_summary(result, result.train_losses)
         return result
+
+    def _write_summary(self, result: TrainResult, train_losses: list[float]) -> None:
+        if self.run_dir is None or not self.dist.is_main:
+            return
+        tc = self.cfg.train
+        write_json(self.run_dir / "summary.json", {
+            "final_train_loss": train_losses[-1] if train_losses else (self.recent_losses or [None])[-1],
+            "final_val_loss": self.val_history[-1][1] if self.val_history else None,
+            "val_unigram_entropy": self.data.unigram_entropy(self.cfg.model.vocab_size),
+            "steps": self.step, "tokens_seen": self.tokens_seen,
+            "epochs": self.sampler.epochs(self.step, tc.batch_size), "wall_seconds": result.wall_seconds,
+            "tokens_per_second": result.tokens_per_second, "world_size": self.dist.world_size,
+            "params": sum(p.numel() for p in self.model.parameters()),
+            **provenance(self.cfg, self.data.corpus_fingerprint)})
 
 
 def train(cfg: RunConfig, data: TokenData, out_dir: str | Path | None = None, progress: bool = True,
