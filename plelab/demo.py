@@ -47,15 +47,16 @@ PROFILES = {
 
 
 def run_demo(profile: str = "default", out: str | Path | None = None, data_path: str | None = None,
-             jobs: int | None = None, progress: bool = True, log=print) -> Path:
+             jobs: int | None = None, progress: bool = True, log=None) -> Path:
     from plelab.config import resolve_config
     from plelab.data.pipeline import prepare_data
     from plelab.model.accounting import account
     from plelab.report.sweep import write_report
     from plelab.runtime import available_cores
-    from plelab.sweep.runner import run_sweep
+    from plelab.sweep.runner import run_sweep, say
     from plelab.sweep.spec import SweepSpec, dp_arms, merge_spec
 
+    log = log or say
     started = time.perf_counter()
     prof = PROFILES[profile]
     out = Path(out) if out is not None else Path("runs") / time.strftime(f"demo-{profile}-%Y%m%d-%H%M%S")

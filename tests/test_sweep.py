@@ -232,3 +232,21 @@ def test_demo_quick_writes_the_report(tmp_path, capsys, tiny_data):
     assert "Findings" in out and "Report:" in out
     assert (tmp_path / "d" / "report" / "report.html").exists()
     assert len(list((tmp_path / "d" / "runs").glob("*/seed-*/summary.json"))) == 9
+
+
+def test_sweep_command_reproduces_the_spec(tmp_path):
+    import shlex
+
+    from plelab.cli import build_parser
+    from plelab.sweep.commands import dp_spec_from_args
+    from plelab.sweep.spec import sweep_command
+
+    argv = ["sweep", "--preset", "cpu-tiny", "--dp", "0,8,16", "--controls", "frozen,boost", "--control-dp", "8",
+            "--variant", "sc:ple.gate=scalar", "--steps", "20", "--set", "train.lr=0.002", "--seed-list", "0,2",
+            "--delta", "0.05", "--out", str(tmp_path / "my sweep")]
+    spec = dp_spec_from_args(build_parser().parse_args(argv))
+    line = sweep_command(spec, tmp_path / "my sweep")
+    again = dp_spec_from_args(build_parser().parse_args(shlex.split(line)[1:]))
+    assert again.to_dict() == spec.to_dict()
+    grown = dp_spec_from_args(build_parser().parse_args(shlex.split(sweep_command(spec, tmp_path, seeds=5))[1:]))
+    assert grown.seeds == [0, 1, 2, 3, 4] and [a.name for a in grown.arms] == [a.name for a in spec.arms]

@@ -20,6 +20,7 @@ from plelab.report.sweep_findings import findings, required_seeds
 from plelab.report.sweep_plots import all_plots
 from plelab.sweep.analysis import analyse
 from plelab.sweep.results import SweepResults, collect, regime
+from plelab.sweep.spec import sweep_command
 
 
 def _f(x, spec: str = ".4f") -> str:
@@ -75,6 +76,8 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> l
                      "Confidence intervals are 95% per comparison (unadjusted); the labels use Holm-adjusted "
                      "p-values, so a CI that just excludes 0 can still be labelled inconclusive; the equivalence "
                      "test (TOST) at α corresponds to the 90% CI lying inside ±δ."))
+    if spec.kind == "dp":
+        out.append(("p", f"Reproduce or resume: `{sweep_command(spec, res.root)}`"))
     if res.missing:
         out.append(("p", f"**{len(res.missing)} run(s) unfinished** and left out: {', '.join(res.missing[:8])}"
                          + (" …" if len(res.missing) > 8 else "") + f". Rerun `plelab sweep --out {res.root}`."))

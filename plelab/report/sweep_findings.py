@@ -8,6 +8,7 @@ import statistics
 
 from plelab.sweep import stats
 from plelab.sweep.results import SweepResults
+from plelab.sweep.spec import sweep_command
 
 SEED_FIRST_STEP = "dP 64→128 (+8.98% → +17.96% of base parameters), loss 2.149 → 2.149"
 
@@ -64,7 +65,7 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[str]:
                     "after Holm")
         if need:
             msg += (f"; about {need} seeds per arm would detect a true step of δ={spec.delta} at the spread measured "
-                    f"here (grow this sweep: plelab sweep --out {res.root} --seeds {need} with the same arguments)")
+                    f"here (grow this sweep: `{sweep_command(spec, res.root, seeds=need)}`)")
         out.append(msg + ".")
     positive = sorted({int(a.x) for a in spec.arms if a.family == "dP" and a.x > 0})
     first = next((c for c in cons if c["a"] == f"dp{positive[0]}"), None) if len(positive) > 1 else None

@@ -143,7 +143,11 @@ def emit_scripts(root: Path, spec: SweepSpec, kind: str) -> Path:
     return path
 
 
-def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool = True, log=print) -> list[RunJob]:
+def say(*args) -> None:
+    print(*args, flush=True)  # visible at once in a redirected log of a long sweep
+
+
+def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool = True, log=say) -> list[RunJob]:
     """Run every unfinished run of ``spec`` in ``root``; return all runs. Raises if any run failed."""
     root = Path(root)
     with sweep_lock(root):
@@ -158,7 +162,7 @@ def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool =
             if jobs <= 1:
                 _run_in_process(todo, bar, progress, log)
             else:
-                _run_workers(todo, jobs, bar, log)
+                _run_workers(todo, jobs, bar, bar.write if progress else log)
         finally:
             bar.close()
     return all_jobs
@@ -178,14 +182,10 @@ def _run_in_process(todo: list[RunJob], bar, progress: bool, log) -> None:
                          log=lambda *a: None).fit()
         bar.update(1)
         tail = f"val {result.final_val_loss:.4f}" if result.val_history else "done"
-        line = f"  {job.name}: {tail} ({time.perf_counter() - start:.0f} s)"
-        if progress:
-            bar.write(line)
-        else:
-            log(line)
+        (bar.write if progress else log)(f"  {job.name}: {tail} ({time.perf_counter() - start:.0f} s)")
 
 
-def _run_workers(todo: list[RunJob], jobs: int, bar, log) -> None:
+def _run_workers(todo: list[RunJob], jobs: int, bar, report) -> None:
     from plelab.data.pipeline import prepare_data
 
     for cfg in {data_key(j.cfg): j.cfg for j in todo}.values():  # tokenise once here, not in every worker
@@ -214,9 +214,9 @@ def _run_workers(todo: list[RunJob], jobs: int, bar, log) -> None:
                 bar.update(1)
                 if proc.returncode != 0:
                     failed.append(job)
-                    bar.write(f"  {job.name}: FAILED (exit {proc.returncode}); see {job.path / 'train.log'}")
+                    report(f"  {job.name}: FAILED (exit {proc.returncode}); see {job.path / 'train.log'}")
                 else:
-                    bar.write(f"  {job.name}: done ({time.perf_counter() - start:.0f} s)")
+                    report(f"  {job.name}: done ({time.perf_counter() - start:.0f} s)")
     finally:
         for job, proc, fh, _ in active:  # interrupted: stop the workers; their runs resume next time
             proc.terminate()

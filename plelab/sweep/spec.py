@@ -147,6 +147,35 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
     return arms
 
 
+def sweep_command(spec: SweepSpec, root: Path, seeds: int | None = None) -> str:
+    """The ``plelab sweep`` line that gives (or, with more ``seeds``, grows) this dP sweep."""
+    import shlex
+
+    main = sorted(int(a.x) for a in spec.arms if a.family == "dP")
+    families = {a.family for a in spec.arms}
+    parts = ["plelab", "sweep", "--preset", spec.preset, "--dp", ",".join(map(str, main))]
+    controls = [c for c in CONTROLS if c in families]
+    if controls:
+        parts += ["--controls", ",".join(controls)]
+        if spec.control_dp is not None and {"table-lr", "boost"} & set(controls):
+            parts += ["--control-dp", str(spec.control_dp)]
+    for fam in sorted(families - set(CONTROLS) - {"dP"}):
+        extra = next(a.overrides[1:] for a in spec.arms if a.family == fam)
+        parts += ["--variant", f"{fam}:{','.join(extra)}"]
+    if spec.steps is not None:
+        parts += ["--steps", str(spec.steps)]
+    for o in spec.overrides:
+        parts += ["--set", o]
+    n = seeds if seeds is not None else len(spec.seeds)
+    parts += ["--seeds", str(n)] if spec.seeds == list(range(len(spec.seeds))) or seeds else \
+        ["--seed-list", ",".join(map(str, spec.seeds))]
+    if spec.delta != 0.02:
+        parts += ["--delta", f"{spec.delta:g}"]
+    if spec.last_k != 3:
+        parts += ["--last-k", str(spec.last_k)]
+    return " ".join(shlex.quote(p) for p in [*parts, "--out", str(root)])
+
+
 def load_spec(root: Path) -> SweepSpec | None:
     path = Path(root) / SPEC_FILE
     if not path.exists():
