@@ -25,7 +25,7 @@ TINY = ["train.eval_every=10", "train.early_checkpoint=10", "train.diag_every=5"
 
 
 def _spec(**kw) -> SweepSpec:
-    args = dict(preset="cpu-tiny", overrides=list(TINY), arms=dp_arms([0, 8, 16], ["matched", "frozen"]),
+    args = dict(preset="cpu-tiny", overrides=list(TINY), arms=dp_arms([0, 8, 16], ["matched", "frozen", "zero"]),
                 seeds=[0, 1], steps=30)
     args.update(kw)
     return SweepSpec(**args)
@@ -99,7 +99,9 @@ def test_sweep_results_report_and_advise(sweep_dir, capsys):
     assert rows["dp8-matched"]["vs_baseline"] == rows["dp8"]["vs_baseline"]  # an alias is its reference arm
     assert rows["dp16"]["added_params"] == data["accounting"]["dp16"]["added"] > 0
     assert rows["dp8"]["n"] == 2 and rows["dp16-matched"]["n"] == 2
-    assert len(data["analysis"]["consecutive"]) == 2 and data["analysis"]["early_vs_final"]["n"] >= 4
+    early = data["analysis"]["early_vs_final"]
+    assert len(data["analysis"]["consecutive"]) == 2 and early["n"] == 6  # learned tables only: dp8, dp16, dp16-matched
+    assert early["n_vs_zero"] == 6 and all(r["vs_zero"] is not None for r in early["rows"])
     assert len((rep / "results.csv").read_text().splitlines()) == 1 + len(rows)
     assert {p.name for p in (rep / "plots").iterdir()} >= {"loss_vs_dp.png", "loss_vs_params.png", "paired_delta.png",
                                                           "diagnostics_vs_dp.png", "loss_curves.png"}

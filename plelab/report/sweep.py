@@ -56,10 +56,11 @@ def comparison_table(comps: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 
 def early_table(early: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["run", "step", "structure", "use", "permute Δ", "CKA", "SNR", "final Δ vs baseline"]
+    head = ["run", "step", "structure", "use", "permute Δ", "CKA", "SNR", "final Δ vs baseline",
+            "final Δ vs zeroed table"]
     rows = [[f"{r['arm']}/seed-{r['seed']}", str(r["early_step"]), r["early_structure"], r["early_use"],
              _f(r["early_use_delta"], "+.4f"), _f(r["early_cka"], ".3f"), _f(r["early_snr"], ".2f"),
-             _f(r["final_delta"], "+.4f")] for r in early["rows"]]
+             _f(r["final_delta"], "+.4f"), _f(r.get("vs_zero"), "+.4f")] for r in early["rows"]]
     return head, rows
 
 

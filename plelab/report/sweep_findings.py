@@ -88,5 +88,13 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[str]:
                 f"{nu['gain_ge_delta']} of them ended ≥ δ below it")
         if math.isfinite(rho):
             line += f"; Spearman ρ(early permute Δ, final gain) = {rho:+.2f} (p {p:.3g}, {ev['n']} runs)"
-        out.append(line + ".")
+        out.append(line + " (learned tables only).")
+        rho_z, p_z = ev["spearman_use_vs_zero"]
+        if math.isfinite(rho_z):
+            out.append(f"Against the table's own share (each run vs the zeroed table at its dP and seed): Spearman "
+                       f"ρ(early permute Δ, final gain over the zeroed table) = {rho_z:+.2f} (p {p_z:.3g}, "
+                       f"{ev['n_vs_zero']} runs).")
+        if nu["gain_ge_delta"]:
+            out.append(f"{nu['gain_ge_delta']} run(s) judged UNUSED early still ended ≥ δ below the baseline: part of "
+                       "the gain vs baseline does not go through the table (the zero-table control measures it).")
     return out

@@ -101,6 +101,14 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
         lines.append(f"  The best-measured dP={best} is not significantly better than dP={choice} (paired Δ "
                      f"{c.mean:+.4f}, '{c.label}'), and costs "
                      f"+{acc[f'dp{best}']['added'] - acc[f'dp{choice}']['added']:,} more parameters.")
+    for kind in ("zero", "frozen"):
+        c = next((c for c in analysis["controls"] if c["b"] == f"dp{choice}-{kind}"), None)
+        if c is not None and c["ci_low"] is not None:
+            what = "zeroed (only the per-layer matrices left)" if kind == "zero" else "frozen at its random init"
+            rest = vs[f"dp{choice}"]["mean"] + c["mean"]
+            lines.append(f"  With the table {what}, the loss at dP={choice} is {c['mean']:+.4f} [{c['ci_low']:+.4f}, "
+                         f"{c['ci_high']:+.4f}] higher ('{c['label']}'): the learned table's own share; {rest:+.4f} "
+                         "of the gain comes without it.")
     for d in measured:
         if d not in (0, choice):
             lines.append(f"  {describe(d)}")

@@ -132,12 +132,14 @@ def confounds(res: SweepResults, consecutive: list[stats.Comparison], curves: di
 
 
 def early_vs_final(res: SweepResults) -> dict:
-    """Does the early verdict predict the final paired ΔLoss? Per run (arm × seed) with a table."""
+    """Does the early verdict predict the final paired ΔLoss? Per run (arm × seed) with a learned table
+    (a frozen or zeroed table is UNUSED by construction; its arms measure the other paths)."""
     rows = []
     base = res.runs.get(res.spec.baseline, {})
     for arm in res.spec.arms:
-        if arm.x <= 0 or arm.alias_of is not None:
+        if arm.x <= 0 or arm.alias_of is not None or res.configs[arm.name]["ple"]["table"] != "learned":
             continue
+        zero = res.runs.get(f"dp{int(arm.x)}-zero", {})
         for seed, run in sorted(res.runs.get(arm.name, {}).items()):
             if seed not in base or not run.early_diag or "delta" not in run.early_diag:
                 continue
@@ -147,13 +149,19 @@ def early_vs_final(res: SweepResults) -> dict:
                          "early_use_delta": run.early_diag["delta"],
                          "early_cka": run.structure.get("early", {}).get("cka"),
                          "early_snr": run.early_signal.get("snr"),
-                         "final_delta": run.loss - base[seed].loss})
+                         "final_delta": run.loss - base[seed].loss,
+                         # the table's own share: this run against the zeroed table at the same dP and seed
+                         "vs_zero": run.loss - zero[seed].loss if seed in zero else None})
     out: dict = {"rows": rows, "n": len(rows)}
     if rows:
         gains = [-r["final_delta"] for r in rows]
         out["spearman_use_delta"] = stats.spearman([r["early_use_delta"] for r in rows], gains)
         ckas = [(r["early_cka"], g) for r, g in zip(rows, gains) if r["early_cka"] is not None]
         out["spearman_cka"] = stats.spearman([c for c, _ in ckas], [g for _, g in ckas]) if ckas else (math.nan,) * 2
+        credit = [(r["early_use_delta"], -r["vs_zero"]) for r in rows if r["vs_zero"] is not None]
+        out["spearman_use_vs_zero"] = (stats.spearman([u for u, _ in credit], [g for _, g in credit])
+                                       if credit else (math.nan, math.nan))
+        out["n_vs_zero"] = len(credit)
         delta = res.spec.delta
         used = [g for r, g in zip(rows, gains) if r["early_use"] == "USED"]
         unused = [g for r, g in zip(rows, gains) if r["early_use"] == "UNUSED"]
