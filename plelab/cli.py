@@ -22,12 +22,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"plelab: error: {message} (see '{self.prog} --help')\n")
 
 
-def _config_args(p: argparse.ArgumentParser) -> None:
+def _config_args(p: argparse.ArgumentParser, preset: str | None = "cpu-tiny", seed: bool = True) -> None:
     from plelab.config import GATE_KINDS, PRESETS
 
-    p.add_argument("--preset", default="cpu-tiny", help=f"named preset: {', '.join(PRESETS)} (default cpu-tiny)")
+    shown = f"default {preset}" if preset else "default cpu-tiny; when resuming, the run's own"
+    p.add_argument("--preset", default=preset, help=f"named preset: {', '.join(PRESETS)} ({shown})")
     p.add_argument("--gate", choices=GATE_KINDS, help="PLE gate variant (default gemma)")
-    p.add_argument("--seed", type=int, help="run seed (default 0)")
+    if seed:
+        p.add_argument("--seed", type=int, help="run seed (default 0)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override any config field, e.g. --set model.hidden_size=128 (repeatable)")
 
@@ -185,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_presets)
 
     p = sub.add_parser("train", help="train one model: RUN/config.json, metrics.jsonl, checkpoints, summary.json")
-    _config_args(p)
-    p.set_defaults(preset=None, func=cmd_train)
+    _config_args(p, preset=None)
+    p.set_defaults(func=cmd_train)
     p.add_argument("--dp", help="dP (ple.dim)")
     p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
     p.add_argument("--out", required=True, help="run folder to create (or to continue with --resume)")

@@ -203,7 +203,7 @@ def test_sweep_input_errors(tmp_path, capsys):
         (["sweep", "--dp", "0,8", "--control-dp", "4", "--controls", "boost", "--out", str(tmp_path / "a")],
          "is not one of"),
         (["sweep", "--dp", "0,8", "--variant", "bad", "--out", str(tmp_path / "a")], "invalid --variant"),
-        (["sweep", "--seed", "3", "--out", str(tmp_path / "a")], "--seeds"),
+        (["sweep", "--seed", "3", "--out", str(tmp_path / "a")], "unrecognized arguments: --seed"),
         (["sweep", "--dp", "0,8", "--seed-list", "1,1", "--out", str(tmp_path / "a")], "repeats a seed"),
         (["sweep", "--dp", "0,8", "--variant", "frozen:ple.gate=scalar", "--out", str(tmp_path / "a")],
          "taken by a built-in"),
@@ -211,7 +211,11 @@ def test_sweep_input_errors(tmp_path, capsys):
         (["advise", str(tmp_path)], "not a plelab sweep"),
     ]
     for argv, needle in cases:
-        assert main(argv) == 2, argv
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse's own errors exit from the parser
+            code = exit_.code
+        assert code == 2, argv
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
     assert not (tmp_path / "a").exists()

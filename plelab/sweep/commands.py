@@ -35,8 +35,6 @@ def dp_spec_from_args(args: argparse.Namespace, existing=None):
     from plelab.config import resolve_config
     from plelab.sweep.spec import CONTROLS, SweepSpec, dp_arms
 
-    if args.seed is not None:
-        raise ConfigError("plelab sweep runs several seeds: use --seeds N or --seed-list 0,1,2 instead of --seed")
     overrides = list(args.overrides)
     if args.data:
         overrides.append(f"data.path={args.data}")
@@ -124,8 +122,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 def add_sweep_parsers(sub, config_args) -> None:
     p = sub.add_parser("sweep", help="a paired multi-seed dP study (arms × seeds), resumable, then its report")
-    config_args(p)
-    p.set_defaults(preset="cpu-sweep", func=cmd_sweep)
+    config_args(p, preset="cpu-sweep", seed=False)
+    p.set_defaults(func=cmd_sweep)
     p.add_argument("--dp", help="comma-separated dP values including the baseline 0 (default 0 and the preset's)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per arm (default 3)")
     p.add_argument("--seed-list", help="explicit comma-separated seeds instead of --seeds")
