@@ -203,7 +203,7 @@ def test_sweep_input_errors(tmp_path, capsys):
         (["sweep", "--dp", "0,8", "--control-dp", "4", "--controls", "boost", "--out", str(tmp_path / "a")],
          "is not one of"),
         (["sweep", "--dp", "0,8", "--variant", "bad", "--out", str(tmp_path / "a")], "invalid --variant"),
-        (["sweep", "--seed", "3", "--out", str(tmp_path / "a")], "unrecognized arguments: --seed"),
+        (["sweep", "--seed", "3", "--out", str(tmp_path / "a")], "ambiguous option: --seed"),
         (["sweep", "--dp", "0,8", "--seed-list", "1,1", "--out", str(tmp_path / "a")], "repeats a seed"),
         (["sweep", "--dp", "0,8", "--variant", "frozen:ple.gate=scalar", "--out", str(tmp_path / "a")],
          "taken by a built-in"),
