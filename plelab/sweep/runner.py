@@ -64,8 +64,12 @@ def _saved_or_resolved(spec: SweepSpec, arm: Arm, seed: int, path: Path) -> RunC
 
 def jobs_of(root: Path, spec: SweepSpec) -> list[RunJob]:
     """Every run of the sweep (seeds outer, so that the first finished seed pairs every arm)."""
-    return [RunJob(arm, seed, path, _saved_or_resolved(spec, arm, seed, path))
-            for seed in spec.seeds for arm in spec.runnable() if (path := run_dir(root, arm.name, seed))]
+    jobs = []
+    for seed in spec.seeds:
+        for arm in spec.runnable():
+            path = run_dir(root, arm.name, seed)
+            jobs.append(RunJob(arm, seed, path, _saved_or_resolved(spec, arm, seed, path)))
+    return jobs
 
 
 def data_key(cfg: RunConfig) -> str:

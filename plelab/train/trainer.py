@@ -254,7 +254,7 @@ class Trainer:
             result.tokens_seen, result.wall_seconds = self.tokens_seen, self.wall_before
             result.tokens_per_second = self.tokens_seen / self.wall_before if self.wall_before else 0.0
             if self.run_dir is not None and not (self.run_dir / "summary.json").exists():
-                self._write_summary(result, [])  # killed between its last checkpoint and its summary
+                self._write_summary(result)  # killed between its last checkpoint and its summary
             return result
         self._start = time.perf_counter()
         first_step = self.step
@@ -291,15 +291,15 @@ class Trainer:
         result.tokens_seen = self.tokens_seen
         result.wall_seconds = self.wall_before + elapsed
         result.tokens_per_second = (self.step - first_step) * tc.batch_size * tc.seq_len / max(elapsed, 1e-9)
-        self._write_summary(result, result.train_losses)
+        self._write_summary(result)
         return result
 
-    def _write_summary(self, result: TrainResult, train_losses: list[float]) -> None:
+    def _write_summary(self, result: TrainResult) -> None:
         if self.run_dir is None or not self.dist.is_main:
             return
         tc = self.cfg.train
         write_json(self.run_dir / "summary.json", {
-            "final_train_loss": train_losses[-1] if train_losses else (self.recent_losses or [None])[-1],
+            "final_train_loss": (result.train_losses or self.recent_losses or [None])[-1],
             "final_val_loss": self.val_history[-1][1] if self.val_history else None,
             "val_unigram_entropy": self.data.unigram_entropy(self.cfg.model.vocab_size),
             "steps": self.step, "tokens_seen": self.tokens_seen,
