@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     from plelab.sweep.commands import add_sweep_parsers
 
     add_sweep_parsers(sub, _config_args)
+    from plelab.visual.commands import add_visual_parsers
+
+    add_visual_parsers(sub)
     return parser
 
 

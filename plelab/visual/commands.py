@@ -1,0 +1,68 @@
+"""``plelab visual-ids``: fit the offline visual tokenizers and their controls, and score the IDs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from plelab.errors import ConfigError
+
+
+def id_table(k: int, train, held_out, seed: int = 0, out: Path | None = None) -> list[dict]:
+    """Fit DCT + K-means, the random control (its frequencies) and the oracle (embedded scenes only)
+    on ``train``; score each method's IDs on ``held_out``. Saves fitted tokenizers into ``out``."""
+    from plelab.visual.ids import DCTKMeans, OracleIDs, RandomIDs
+    from plelab.visual.metrics import id_report
+
+    labels = held_out.semantic_labels() if held_out.has_labels else None
+    dct = DCTKMeans(k).fit(train, seed)
+    methods = [dct, RandomIDs(dct).fit(train, seed)]
+    if train.has_labels and k >= OracleIDs.NEEDED:
+        methods.append(OracleIDs(k).fit(train, seed))
+    rows = []
+    for m in methods:
+        rows.append({"method": m.name, **id_report(m.assign(held_out, seed), k, labels)})
+        if out is not None and m.state():
+            m.save(out / f"{m.name}.safetensors")
+    return rows
+
+
+def cmd_visual_ids(args: argparse.Namespace) -> int:
+    from plelab.report.tables import format_table
+    from plelab.visual.loader import load_image_captions
+    from plelab.visual.scenes import SceneSet, generate_scenes
+
+    if args.k < 2 or args.scenes < 10:
+        raise ConfigError("--k must be >= 2 and --scenes >= 10")
+    if args.data:
+        data = load_image_captions(args.data, args.image_size, args.patch)
+        cut = max(1, len(data) // 10)
+        train = SceneSet(data.images[cut:], data.captions[cut:], data.patch)
+        held = SceneSet(data.images[:cut], data.captions[:cut], data.patch)
+    else:
+        train = generate_scenes(args.scenes, seed=args.seed, image_size=args.image_size, patch=args.patch)
+        held = generate_scenes(max(10, args.scenes // 5), seed=args.seed + 10_000, image_size=args.image_size,
+                               patch=args.patch)
+    out = Path(args.out) if args.out else None
+    rows = id_table(args.k, train, held, args.seed, out)
+    m = held.num_patches * len(held)
+    table = [[r["method"], f"{r['utilisation']:.3f} (uniform {r['uniform_baseline']:.3f})",
+              f"{r['perplexity']:.1f} / {args.k}", f"{r['nmi']:.3f}" if "nmi" in r else "— (no labels)"]
+             for r in rows]
+    print(format_table(["method", "utilisation", "perplexity", "NMI with patch labels"], table,
+                       title=f"Visual IDs, K={args.k}, scored on {m:,} held-out patches (M/K = {m / args.k:.0f})"))
+    if out is not None:
+        print(f"fitted tokenizers saved in {out}/")
+    return 0
+
+
+def add_visual_parsers(sub) -> None:
+    p = sub.add_parser("visual-ids", help="fit offline visual tokenizers (DCT + K-means) and score their IDs")
+    p.add_argument("--k", type=int, default=64, help="number of visual IDs, the same for every method (default 64)")
+    p.add_argument("--scenes", type=int, default=2000, help="embedded scenes to fit on (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="scene and K-means seed (default 0)")
+    p.add_argument("--image-size", type=int, default=48, help="image side in pixels (default 48)")
+    p.add_argument("--patch", type=int, default=8, help="patch side in pixels (default 8)")
+    p.add_argument("--data", help="your image–caption pairs (.jsonl or a folder) instead of the embedded scenes")
+    p.add_argument("--out", help="save the fitted tokenizers (safetensors) into this folder")
+    p.set_defaults(func=cmd_visual_ids)
