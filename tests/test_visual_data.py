@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,7 +170,9 @@ def test_visual_ids_command(tmp_path, capsys):
     assert main(["visual-ids", "--scenes", "300", "--k", "48", "--out", str(tmp_path / "ids")]) == 0
     out = capsys.readouterr().out
     assert "dct-kmeans" in out and "oracle" in out and "1.000" in out
-    assert {p.name for p in (tmp_path / "ids").iterdir()} == {"dct-kmeans.safetensors", "random.safetensors"}
+    assert "siglip-kmeans" in out
+    assert {p.name for p in (tmp_path / "ids").iterdir()} == {"dct-kmeans.safetensors", "siglip-kmeans.safetensors",
+                                                             "random.safetensors"}
     folder = tmp_path / "mine"
     folder.mkdir()
     for i in range(12):
@@ -177,3 +181,61 @@ def test_visual_ids_command(tmp_path, capsys):
     assert main(["visual-ids", "--data", str(folder), "--k", "4", "--image-size", "16"]) == 0
     assert "no labels" in capsys.readouterr().out
     assert main(["visual-ids", "--k", "1"]) == 2
+
+
+def test_siglip_loss_formula_and_pretraining(scenes, tmp_path):
+    from plelab.visual.encoder import (
+        EncoderConfig,
+        encode_with,
+        get_encoder,
+        load_encoder,
+        pretrain_encoder,
+        save_encoder,
+        siglip_loss,
+    )
+
+    x = torch.nn.functional.normalize(torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+    y = torch.nn.functional.normalize(torch.randn(4, 8, generator=torch.Generator().manual_seed(1)), dim=1)
+    t, b = torch.tensor(np.log(10.0)), torch.tensor(-10.0)
+    manual = -sum(np.log(1 / (1 + np.exp(-(1 if i == j else -1) * (10 * float(x[i] @ y[j]) - 10))))
+                  for i in range(4) for j in range(4)) / 4
+    assert float(siglip_loss(x, y, t, b)) == pytest.approx(manual, rel=1e-5)
+    train, val = scenes
+    cfg = EncoderConfig(dim=32, layers=1, heads=2, embed_dim=32)
+    vit, losses = pretrain_encoder(train, cfg, steps=40, batch=32)
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0  # it learns to match images and captions
+    feats = encode_with(vit, val.images[:10])
+    assert feats.shape == (10, 36, 32) and not any(p.requires_grad for p in vit.parameters())
+    again = load_encoder(save_encoder(vit, tmp_path / "enc.safetensors"))
+    assert torch.equal(encode_with(again, val.images[:10]), feats)
+    first = get_encoder(train, cfg, steps=20)
+    cache = Path(os.environ["PLELAB_CACHE"]) / "encoders"
+    cached = sorted((p.name, p.stat().st_mtime_ns) for p in cache.glob("tinyvit-*"))
+    assert cached
+    assert torch.equal(encode_with(get_encoder(train, cfg, steps=20), val.images[:4]),
+                       encode_with(first, val.images[:4]))
+    assert cached == sorted((p.name, p.stat().st_mtime_ns) for p in cache.glob("tinyvit-*"))  # no retraining
+    (tmp_path / "junk.safetensors").write_bytes(b"junk")
+    with pytest.raises(PlelabError, match="not a plelab encoder"):
+        load_encoder(tmp_path / "junk.safetensors")
+
+
+def test_hf_siglip_vision_tower_from_a_local_folder(scenes, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from plelab.visual.encoder import HFSiglipEncoder, to_pixels
+
+    cfg = transformers.SiglipVisionConfig(image_size=48, patch_size=8, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=1, num_attention_heads=2)
+    torch.manual_seed(0)
+    transformers.SiglipVisionModel(cfg).save_pretrained(tmp_path / "siglip")
+    enc = HFSiglipEncoder(tmp_path / "siglip")
+    _, val = scenes
+    feats = enc(to_pixels(val.images[:6]))
+    assert feats.shape == (6, 36, 32)
+    fk = FeatureKMeans(8, lambda im: enc(to_pixels(im)).detach(), encoder_name="siglip").fit(val, seed=0)
+    assert fk.assign(val).shape == (200, 36)
+    with pytest.raises(PlelabError, match="does not exist"):
+        HFSiglipEncoder(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PlelabError, match="not a SigLIP vision checkpoint"):
+        HFSiglipEncoder(tmp_path / "empty")

@@ -8,15 +8,19 @@ from pathlib import Path
 from plelab.errors import ConfigError
 
 
-def id_table(k: int, train, held_out, seed: int = 0, out: Path | None = None) -> list[dict]:
-    """Fit DCT + K-means, the random control (its frequencies) and the oracle (embedded scenes only)
-    on ``train``; score each method's IDs on ``held_out``. Saves fitted tokenizers into ``out``."""
-    from plelab.visual.ids import DCTKMeans, OracleIDs, RandomIDs
+def id_table(k: int, train, held_out, seed: int = 0, out: Path | None = None, encode=None) -> list[dict]:
+    """Fit DCT + K-means, SigLIP-feature K-means (with ``encode``), the random control (DCT's
+    frequencies) and the oracle (embedded scenes only) on ``train``; score each method's IDs on
+    ``held_out``. Saves fitted tokenizers into ``out``."""
+    from plelab.visual.ids import DCTKMeans, FeatureKMeans, OracleIDs, RandomIDs
     from plelab.visual.metrics import id_report
 
     labels = held_out.semantic_labels() if held_out.has_labels else None
     dct = DCTKMeans(k).fit(train, seed)
-    methods = [dct, RandomIDs(dct).fit(train, seed)]
+    methods = [dct]
+    if encode is not None:
+        methods.append(FeatureKMeans(k, encode).fit(train, seed))
+    methods.append(RandomIDs(dct).fit(train, seed))
     if train.has_labels and k >= OracleIDs.NEEDED:
         methods.append(OracleIDs(k).fit(train, seed))
     rows = []
@@ -44,7 +48,10 @@ def cmd_visual_ids(args: argparse.Namespace) -> int:
         held = generate_scenes(max(10, args.scenes // 5), seed=args.seed + 10_000, image_size=args.image_size,
                                patch=args.patch)
     out = Path(args.out) if args.out else None
-    rows = id_table(args.k, train, held, args.seed, out)
+    from plelab.visual.encoder import HFSiglipEncoder, encode_with, get_encoder
+
+    encoder = HFSiglipEncoder(args.siglip) if args.siglip else get_encoder(train, seed=args.seed, log=print)
+    rows = id_table(args.k, train, held, args.seed, out, lambda images: encode_with(encoder, images))
     m = held.num_patches * len(held)
     table = [[r["method"], f"{r['utilisation']:.3f} (uniform {r['uniform_baseline']:.3f})",
               f"{r['perplexity']:.1f} / {args.k}", f"{r['nmi']:.3f}" if "nmi" in r else "— (no labels)"]
@@ -64,5 +71,7 @@ def add_visual_parsers(sub) -> None:
     p.add_argument("--image-size", type=int, default=48, help="image side in pixels (default 48)")
     p.add_argument("--patch", type=int, default=8, help="patch side in pixels (default 8)")
     p.add_argument("--data", help="your image–caption pairs (.jsonl or a folder) instead of the embedded scenes")
+    p.add_argument("--siglip", help="a local transformers SigLIP checkpoint folder for the feature K-means "
+                                    "(default: a tiny ViT SigLIP-pretrained on the same data, cached)")
     p.add_argument("--out", help="save the fitted tokenizers (safetensors) into this folder")
     p.set_defaults(func=cmd_visual_ids)

@@ -135,9 +135,10 @@ class FeatureKMeans(VisualTokenizer):
     name = "feature-kmeans"
 
     def __init__(self, k: int, encode: Callable[[np.ndarray], torch.Tensor], iters: int = 50,
-                 encoder_name: str = "encoder") -> None:
+                 encoder_name: str = "siglip") -> None:
         super().__init__(k)
         self.encode, self.iters, self.encoder_name = encode, iters, encoder_name
+        self.name = f"{encoder_name}-kmeans"
         self.centroids = None
         self.inertia = float("nan")
 

@@ -108,6 +108,15 @@ def _scene(rng: np.random.Generator, size: int, patch: int):
     return np.clip(img, 0, 255).astype(np.uint8), caption(objects), labels
 
 
+def fingerprint(scenes: SceneSet) -> str:
+    """sha256 of the images and captions (identifies a data set in caches and run records)."""
+    import hashlib
+
+    h = hashlib.sha256(np.ascontiguousarray(scenes.images).tobytes())
+    h.update("\n".join(scenes.captions).encode())
+    return h.hexdigest()
+
+
 def caption(objects: list[dict]) -> str:
     """The caption of a scene (objects in reading order)."""
     parts = [f"a {o['size']} {o['colour']} {o['shape']} at the {o['row']} {o['col']}" for o in objects]
