@@ -147,12 +147,16 @@ class PLETextModel(nn.Module):
             self.probe(c, z)
         return (c + z) * self.per_layer_input_scale
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """``input_ids [B,T]`` -> final normed hidden states ``[B,T,H]``."""
-        h = self.embed(input_ids)
-        P = self.per_layer_inputs(input_ids, h) if self.pc.enabled else None
-        cos, sin = rotary_cos_sin(input_ids.shape[1], self.mc.resolved_head_dim, self.mc.rope_theta,
-                                  h.device, h.dtype)
+    def forward(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None = None,
+                token_part: torch.Tensor | None = None) -> torch.Tensor:
+        """``input_ids [B,T]`` -> final normed hidden states ``[B,T,H]``.
+
+        ``inputs_embeds [B,T,H]`` replaces ``embed(input_ids)`` and ``token_part [B,T,L,dP]`` the table
+        lookup (a multimodal sequence: image positions carry projected features and visual-table rows).
+        """
+        h = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        P = self.per_layer_inputs(input_ids, h, token_part) if self.pc.enabled else None
+        cos, sin = rotary_cos_sin(h.shape[1], self.mc.resolved_head_dim, self.mc.rope_theta, h.device, h.dtype)
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, P[:, :, i] if P is not None else None)
         return self.norm(h)
@@ -177,9 +181,11 @@ class PLECausalLM(nn.Module):
     def output_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.mc.tie_word_embeddings else self.lm_head.weight
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
-        """``input_ids [B,T]`` -> logits ``[B,T,V]``; with ``labels [B,T]`` (-100 = ignore) also the mean CE."""
-        logits = F.linear(self.model(input_ids), self.output_weight())
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, token_part: torch.Tensor | None = None) -> CausalLMOutput:
+        """``input_ids [B,T]`` -> logits ``[B,T,V]``; with ``labels [B,T]`` (-100 = ignore) also the mean CE.
+        ``inputs_embeds`` / ``token_part``: see :meth:`PLETextModel.forward`."""
+        logits = F.linear(self.model(input_ids, inputs_embeds, token_part), self.output_weight())
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)

@@ -1,0 +1,89 @@
+"""The multimodal PLE model: frozen patch features → projector → an image prefix of P positions,
+then the caption's word tokens, through the plelab LM (causal over the whole sequence).
+
+Per-layer inputs (``ple_reference.md`` §1.2 with the token part replaced per position):
+
+    image position p:  z = sqrt(dP) · V[id_p]   (the visual per-layer table, [K, L·dP], keyed by the
+                                                patch's visual ID; zeros when there is no visual table)
+    text position t:   z = sqrt(dP) · T[x_t]    (the text per-layer table, as in text-only runs)
+    every position:    P = (RMSNorm_dP(W_m e · H^-½) + z) · 2^-½, injected by each layer's gate / projection
+
+The visual table has no padding row (every ID is trainable). Its tensor name is
+``visual_embed_tokens_per_layer.weight``; the LM keeps its HF names under ``lm.``. Loss: next-token
+cross-entropy on caption tokens only (the image prefix is context), returned per token so that the
+study can split it into content and template words.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plelab.model.init import build_model, initial_normal
+from plelab.model.transformer import PLECausalLM
+from plelab.visual.text import PAD
+
+VISUAL_TABLE = "visual_embed_tokens_per_layer.weight"
+PROJECTOR = "projector.weight"
+
+
+class VisualPLEModel(nn.Module):
+    def __init__(self, lm: PLECausalLM, feature_dim: int, num_patches: int, num_ids: int) -> None:
+        super().__init__()
+        mc, pc = lm.mc, lm.pc
+        self.lm, self.num_patches = lm, num_patches
+        self.projector = nn.Linear(feature_dim, mc.hidden_size, bias=False)
+        self.num_ids = num_ids if pc.enabled else 0
+        if self.num_ids:
+            self.visual_embed_tokens_per_layer = nn.Embedding(self.num_ids, mc.num_hidden_layers * pc.dim)
+
+    def sequence(self, features: torch.Tensor, patch_ids: torch.Tensor | None, captions: torch.Tensor,
+                 drop_image: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``features [B,P,D]``, ``patch_ids [B,P]``, ``captions [B,T]`` -> (ids, embeddings ``[B,P+T,H]``,
+        token part ``[B,P+T,L,dP]`` or None). ``drop_image`` zeroes the prefix and its table rows."""
+        tm, pc = self.lm.model, self.lm.pc
+        b, p = features.shape[:2]
+        img = self.projector(features)
+        if drop_image:
+            img = torch.zeros_like(img)
+        h = torch.cat([img, tm.embed(captions)], dim=1)
+        ids = torch.cat([torch.zeros(b, p, dtype=captions.dtype, device=captions.device), captions], dim=1)
+        if not pc.enabled:
+            return ids, h, None
+        z_txt = tm.per_layer_token_embeddings(captions)
+        if self.num_ids and patch_ids is not None and not drop_image:
+            z_img = self.visual_embed_tokens_per_layer(patch_ids) * pc.embed_scale
+            z_img = z_img.view(b, p, *z_txt.shape[2:])
+        else:
+            z_img = z_txt.new_zeros(b, p, *z_txt.shape[2:])
+        return ids, h, torch.cat([z_img, z_txt], dim=1)
+
+    def forward(self, features: torch.Tensor, patch_ids: torch.Tensor | None, captions: torch.Tensor,
+                drop_image: bool = False) -> torch.Tensor:
+        """Per-token next-token CE on the caption ``[B, T]`` (0 at ``<pad>`` positions).
+
+        The caption's first token is predicted from the last image position, token t from t−1.
+        """
+        ids, h, z = self.sequence(features, patch_ids, captions, drop_image)
+        p, t = features.shape[1], captions.shape[1]
+        hidden = self.lm.model(ids, inputs_embeds=h, token_part=z)[:, p - 1:p - 1 + t]
+        logits = F.linear(hidden, self.lm.output_weight()).float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), captions.reshape(-1), ignore_index=PAD,
+                               reduction="none").view_as(captions)
+
+
+def build_visual_model(mc, pc, feature_dim: int, num_patches: int, num_ids: int, seed: int = 0,
+                       device: str | torch.device = "cpu") -> VisualPLEModel:
+    """The LM exactly as :func:`plelab.model.build_model` builds it for ``seed`` (so the trunk and the
+    text table are identical across visual arms), plus the projector and the visual table, each drawn
+    from its own name-seeded generator."""
+    model = VisualPLEModel(build_model(mc, pc, seed=seed, device=device), feature_dim, num_patches, num_ids)
+    with torch.no_grad():
+        model.projector.weight.copy_(initial_normal(PROJECTOR, tuple(model.projector.weight.shape), seed,
+                                                    mc.initializer_range))
+        if model.num_ids:
+            std = pc.table_init_std if pc.table_init_std is not None else mc.initializer_range
+            table = model.visual_embed_tokens_per_layer.weight
+            table.copy_(initial_normal(VISUAL_TABLE, tuple(table.shape), seed, std))
+    return model.to(device)
