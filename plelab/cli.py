@@ -96,10 +96,9 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from plelab.config import RunConfig, apply_overrides, resolve_config, set_value
-    from plelab.data.pipeline import prepare_data
     from plelab.runtime import resolve_device
     from plelab.train.distributed import init_distributed, shutdown
-    from plelab.train.trainer import Trainer
+    from plelab.train.launch import describe_data, prepare_run_data, trainer_class
 
     if not args.out.strip():
         raise ConfigError("--out is empty; name the run folder, e.g. --out runs/my-run")
@@ -126,13 +125,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             set_value(cfg, key, value)
     dist = init_distributed(resolve_device(cfg.train.device).type)
     try:
-        data = prepare_data(cfg, progress=not args.no_progress, dist=dist)
+        data = prepare_run_data(cfg, progress=not args.no_progress, dist=dist)
         if dist.is_main:
             entropy = data.unigram_entropy(cfg.model.vocab_size)
-            print(f"{cfg.preset} dP={cfg.ple.dim}: {len(data.train):,} train / {len(data.val):,} validation tokens; "
+            print(f"{cfg.preset} dP={cfg.ple.dim}: {describe_data(cfg, data)}; "
                   f"validation unigram entropy {entropy:.3f} nats")
         log = print if dist.is_main else (lambda *a, **k: None)
-        result = Trainer(cfg, data, args.out, resume=args.resume, progress=not args.no_progress, log=log).fit()
+        result = trainer_class(cfg)(cfg, data, args.out, resume=args.resume, progress=not args.no_progress,
+                                    log=log).fit()
         if dist.is_main and result.val_history:
             print(f"final validation loss {result.final_val_loss:.4f} nats; unigram entropy {entropy:.3f} "
                   f"({entropy - result.final_val_loss:+.3f} below it); run in {args.out}")

@@ -220,7 +220,49 @@ class DataConfig:
         _require(bool(self.text_field), "data.text_field", self.text_field, "a non-empty field name")
 
 
-SECTIONS: tuple[str, ...] = ("model", "ple", "train", "data")
+VisualIds = Literal["none", "dct-kmeans", "siglip-kmeans", "random", "oracle"]
+VISUAL_IDS: tuple[str, ...] = ("none", "dct-kmeans", "siglip-kmeans", "random", "oracle")
+
+
+@dataclass
+class VisualConfig:
+    """Visual PLE runs: image–caption data, frozen patch encoder, visual IDs and the visual table.
+
+    With ``enabled`` the run trains :class:`plelab.visual.model.VisualPLEModel` on image–caption pairs
+    (the embedded scenes, or ``data``) with the caption loss; ``ids`` picks what keys the visual table
+    (``none``: no visual table, the baseline; ``random``: i.i.d. draws from dct-kmeans's ID frequencies;
+    ``oracle``: the scenes' patch labels). ``model.vocab_size`` is set from the caption vocabulary.
+    """
+
+    enabled: bool = False
+    ids: VisualIds = "none"
+    k: int = 64
+    scenes: int = 4000
+    val_scenes: int = 400
+    data_seed: int = 0
+    image_size: int = 48
+    patch: int = 8
+    encoder_steps: int = 300
+    caption_len: int = 48
+    # False withholds the continuous patch features: image positions get one learned constant
+    # embedding, so the image reaches the model only through the visual table (the redundancy ablation,
+    # and the setting where the oracle control must win).
+    features: bool = True
+    # Users' image–caption pairs (.jsonl or a folder); None = the embedded scenes.
+    data: str | None = None
+
+    def validate(self) -> None:
+        _require(self.ids in VISUAL_IDS, "visual.ids", self.ids, " | ".join(VISUAL_IDS))
+        _require(self.k >= 2, "visual.k", self.k, "an integer >= 2")
+        _require(self.scenes >= 16 and self.val_scenes >= 4, "visual.scenes", self.scenes,
+                 "an integer >= 16 (and visual.val_scenes >= 4)")
+        _require(self.patch >= 1 and self.image_size % self.patch == 0, "visual.image_size", self.image_size,
+                 f"a multiple of visual.patch={self.patch}")
+        _require(self.encoder_steps >= 1, "visual.encoder_steps", self.encoder_steps, "an integer >= 1")
+        _require(self.caption_len >= 4, "visual.caption_len", self.caption_len, "an integer >= 4")
+
+
+SECTIONS: tuple[str, ...] = ("model", "ple", "train", "data", "visual")
 
 
 @dataclass
@@ -233,6 +275,7 @@ class RunConfig:
     ple: PLEConfig = field(default_factory=PLEConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    visual: VisualConfig = field(default_factory=VisualConfig)
 
     def validate(self) -> RunConfig:
         _require(self.seed >= 0, "seed", self.seed, "an integer >= 0")
@@ -240,6 +283,7 @@ class RunConfig:
         self.ple.validate(self.model)
         self.train.validate()
         self.data.validate()
+        self.visual.validate()
         return self
 
     def to_dict(self) -> dict:

@@ -73,8 +73,10 @@ def jobs_of(root: Path, spec: SweepSpec) -> list[RunJob]:
 
 
 def data_key(cfg: RunConfig) -> str:
-    """Runs with equal keys share one tokenised corpus."""
-    return json.dumps([cfg.data.__dict__, cfg.model.vocab_size], sort_keys=True, default=str)
+    """Runs with equal keys share one prepared data set (tokenised corpus, or visual data and IDs)."""
+    visual = cfg.visual.__dict__ if cfg.visual.enabled else None
+    return json.dumps([cfg.data.__dict__, cfg.model.vocab_size if visual is None else None, visual], sort_keys=True,
+                      default=str)
 
 
 def run_state(job: RunJob) -> str:
@@ -173,27 +175,26 @@ def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool =
 
 
 def _run_in_process(todo: list[RunJob], bar, progress: bool, log) -> None:
-    from plelab.data.pipeline import prepare_data
-    from plelab.train.trainer import Trainer
+    from plelab.train.launch import prepare_run_data, trainer_class
 
     data_cache: dict[str, object] = {}
     for job in todo:
         key = data_key(job.cfg)
         if key not in data_cache:
-            data_cache[key] = prepare_data(job.cfg, progress=progress)
+            data_cache[key] = prepare_run_data(job.cfg, progress=progress)
         start = time.perf_counter()
-        result = Trainer(job.cfg, data_cache[key], job.path, resume=True, progress=progress,
-                         log=lambda *a: None).fit()
+        result = trainer_class(job.cfg)(job.cfg, data_cache[key], job.path, resume=True, progress=progress,
+                                        log=lambda *a: None).fit()
         bar.update(1)
         tail = f"val {result.final_val_loss:.4f}" if result.val_history else "done"
         (bar.write if progress else log)(f"  {job.name}: {tail} ({time.perf_counter() - start:.0f} s)")
 
 
 def _run_workers(todo: list[RunJob], jobs: int, bar, report) -> None:
-    from plelab.data.pipeline import prepare_data
+    from plelab.train.launch import prepare_run_data
 
-    for cfg in {data_key(j.cfg): j.cfg for j in todo}.values():  # tokenise once here, not in every worker
-        prepare_data(cfg, progress=False)
+    for cfg in {data_key(j.cfg): j.cfg for j in todo}.values():  # fill the caches once here, not in every worker
+        prepare_run_data(cfg.__class__.from_dict(cfg.to_dict()), progress=False)
     threads = max(1, available_cores() // jobs)
     pending, active, failed = list(todo), [], []
     try:

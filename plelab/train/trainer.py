@@ -1,5 +1,10 @@
 """The trainer: one run of one config, single process or under torchrun (DDP / FSDP2).
 
+The kind of run is a handful of hooks (``_build_model``, ``_build_optimizer``, ``_setup_data``,
+``_micro_loss``, ``evaluate``, ``_diag_windows``, ``_summary_extra``); this class implements the text
+LM, :class:`plelab.visual.trainer.VisualTrainer` the image–caption runs, and everything else — the loop,
+checkpoints, resume, metrics, live diagnostics — is shared.
+
 A step: ``sampler.batch(step)`` (this rank's rows of the global batch) -> ``model(inputs,
 labels)`` under bf16 autocast on CUDA -> ``(loss / grad_accum).backward()`` per micro-batch
 -> mean loss across ranks -> clip -> AdamW (decay / no_decay / ple_table groups, LR from
@@ -27,6 +32,7 @@ from plelab.faults import maybe_fault
 from plelab.io import write_json
 from plelab.model.accounting import flops_per_token
 from plelab.model.init import build_model, param_seed
+from plelab.model.transformer import PLECausalLM
 from plelab.provenance import provenance
 from plelab.runtime import available_cores, resolve_device, seed_everything, setup_torch
 from plelab.train import checkpoint as ckpt
@@ -82,18 +88,19 @@ class Trainer:
                               f"{self.dist.world_size} x {tc.grad_accum}; change one of them")
         self.micro_batch = tc.batch_size // per_step
         self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and self.device.type == "cuda")
-        self.model = build_model(cfg.model, cfg.ple, seed=cfg.seed, device=self.device)
+        self.model = self._build_model()
+        self.lm: PLECausalLM = self.model if isinstance(self.model, PLECausalLM) else self.model.lm
         self.rows: RowCounter | None = None
         if cfg.ple.enabled:
             vp = cfg.ple.resolved_vocab_size(cfg.model)
             self.rows = RowCounter(vp, self.device)
             if cfg.ple.ids == "iid":
-                self.model.model.set_iid_frequencies(torch.from_numpy(data.train_counts(vp)).to(self.device))
+                self.lm.model.set_iid_frequencies(torch.from_numpy(data.train_counts(vp)).to(self.device))
         self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device, self.bf16)
-        self.opt = build_optimizer(self.model, tc)
+        self.opt = self._build_optimizer()
         self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
-        self.sampler = PackedSampler(data.train, tc.seq_len, cfg.seed)
-        self.val = val_windows(data.val, tc.seq_len, tc.eval_batches * tc.batch_size)
+        self.tokens_per_step = tc.batch_size * tc.seq_len
+        self._setup_data()
         self.flops_per_token = flops_per_token(cfg.model, cfg.ple, tc.seq_len)
         self.peak_flops = gpu_peak_flops(self.device)
         self.step, self.tokens_seen, self.wall_before = 0, 0, 0.0
@@ -103,6 +110,34 @@ class Trainer:
         self.sinks = None
         if self.run_dir is not None:
             self._open_run(resume)
+
+    # ---- what a kind of run defines (text LM here; plelab.visual.trainer overrides them) -------
+    def _build_model(self) -> torch.nn.Module:
+        return build_model(self.cfg.model, self.cfg.ple, seed=self.cfg.seed, device=self.device)
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        return build_optimizer(self.model, self.cfg.train)
+
+    def _setup_data(self) -> None:
+        tc = self.cfg.train
+        self.sampler = PackedSampler(self.data.train, tc.seq_len, self.cfg.seed)
+        self.val = val_windows(self.data.val, tc.seq_len, tc.eval_batches * tc.batch_size)
+
+    def _micro_loss(self, step: int, micro: int, rows: slice) -> torch.Tensor:
+        """The mean loss of this rank's ``rows`` of the global batch of ``step`` (micro-step ``micro``)."""
+        x, y = self.sampler.batch(step, self.cfg.train.batch_size, rows)
+        if self.cfg.ple.enabled and self.cfg.ple.ids == "iid":  # distinct, resumable draws per rank/micro-step
+            self.lm.model.iid_generator = torch.Generator(device=self.device).manual_seed(
+                param_seed(self.cfg.seed, f"iid:{step}:{self.dist.rank}:{micro}"))
+        return self.forward(x.to(self.device), labels=y.to(self.device)).loss
+
+    def _diag_windows(self) -> torch.Tensor | None:
+        """Validation windows for the checkpoint use test of the text table (None: skip it)."""
+        tc = self.cfg.train
+        return self.val[:tc.diag_windows] if tc.diag_windows else None
+
+    def _summary_extra(self) -> dict:
+        return {}
 
     # ---- run folder, resume ------------------------------------------------------------------
     def _open_run(self, resume: bool) -> None:
@@ -166,10 +201,8 @@ class Trainer:
             counts = sum_across_ranks(self.rows.counts, self.dist)
             extra["diag.row_counts"] = counts.cpu()
             if self.dist.is_main and not (self.dist.enabled and self.cfg.train.parallel == "fsdp"):
-                tc = self.cfg.train
-                windows = self.val[:tc.diag_windows] if tc.diag_windows else None
-                diagnostics = checkpoint_diagnostics(self.model, self.cfg, counts.cpu().numpy(), self.table_alpha,
-                                                     windows, self.device)
+                diagnostics = checkpoint_diagnostics(self.lm, self.cfg, counts.cpu().numpy(), self.table_alpha,
+                                                     self._diag_windows(), self.device)
         if self.dist.is_main:
             ckpt.save_checkpoint(self.run_dir, self.step, model_t, opt_t, {
                 "tokens_seen": self.tokens_seen, "val_history": self.val_history, "config": self.cfg.to_dict(),
@@ -195,25 +228,21 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for m in range(tc.grad_accum):
             first = (self.dist.rank * tc.grad_accum + m) * self.micro_batch
-            x, y = self.sampler.batch(step, tc.batch_size, slice(first, first + self.micro_batch))
-            if self.cfg.ple.enabled and self.cfg.ple.ids == "iid":  # distinct, resumable draws per rank/micro-step
-                self.model.model.iid_generator = torch.Generator(device=self.device).manual_seed(
-                    param_seed(self.cfg.seed, f"iid:{step}:{self.dist.rank}:{m}"))
             sync_off = m < tc.grad_accum - 1 and hasattr(self.wrapped, "no_sync")
             with (self.wrapped.no_sync() if sync_off else contextlib.nullcontext()), self._autocast(), \
-                    probe_context(self.model, diag_step and m == 0) as probe:
-                loss = self.forward(x.to(self.device), labels=y.to(self.device)).loss
+                    probe_context(self.lm, diag_step and m == 0) as probe:
+                loss = self._micro_loss(step, m, slice(first, first + self.micro_batch))
                 if m == 0:
                     first_probe = probe
             if self.rows is not None:
-                self.rows.update(self.model.model.last_table_ids)
+                self.rows.update(self.lm.model.last_table_ids)
             (loss / tc.grad_accum).backward()
             total += loss.detach()
         loss = mean_across_ranks(total / tc.grad_accum, self.dist).item()
         if not math.isfinite(loss):
             raise PlelabError(f"the loss became {loss} at step {step + 1}; lower train.lr or check the data "
                               "(the last checkpoint is kept)")
-        extra = live_row(first_probe, self.model, self.rows, self.dist) if diag_step else {}
+        extra = live_row(first_probe, self.lm, self.rows, self.dist) if diag_step else {}
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip if tc.grad_clip > 0 else math.inf)
         gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
         self.opt.step()
@@ -224,7 +253,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
-        tokens = tc.batch_size * tc.seq_len
+        tokens = self.tokens_per_step
         self.tokens_seen += tokens
         self.step += 1
         tps = tokens / dt
@@ -290,7 +319,7 @@ class Trainer:
         elapsed = self._elapsed()
         result.tokens_seen = self.tokens_seen
         result.wall_seconds = self.wall_before + elapsed
-        result.tokens_per_second = (self.step - first_step) * tc.batch_size * tc.seq_len / max(elapsed, 1e-9)
+        result.tokens_per_second = (self.step - first_step) * self.tokens_per_step / max(elapsed, 1e-9)
         self._write_summary(result)
         return result
 
@@ -306,7 +335,7 @@ class Trainer:
             "epochs": self.sampler.epochs(self.step, tc.batch_size), "wall_seconds": result.wall_seconds,
             "tokens_per_second": result.tokens_per_second, "world_size": self.dist.world_size,
             "params": sum(p.numel() for p in self.model.parameters()),
-            **provenance(self.cfg, self.data.corpus_fingerprint)})
+            **self._summary_extra(), **provenance(self.cfg, self.data.corpus_fingerprint)})
 
 
 def train(cfg: RunConfig, data: TokenData, out_dir: str | Path | None = None, progress: bool = True,

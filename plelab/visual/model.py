@@ -8,7 +8,9 @@ Per-layer inputs (``ple_reference.md`` §1.2 with the token part replaced per po
     text position t:   z = sqrt(dP) · T[x_t]    (the text per-layer table, as in text-only runs)
     every position:    P = (RMSNorm_dP(W_m e · H^-½) + z) · 2^-½, injected by each layer's gate / projection
 
-The visual table has no padding row (every ID is trainable). Its tensor name is
+The visual table has no padding row (every ID is trainable). With ``use_features=False`` the
+continuous features are withheld: every image position gets one learned embedding ``image_embed``,
+so the image reaches the model only through the visual IDs. Its tensor name is
 ``visual_embed_tokens_per_layer.weight``; the LM keeps its HF names under ``lm.``. Loss: next-token
 cross-entropy on caption tokens only (the image prefix is context), returned per token so that the
 study can split it into content and template words.
@@ -26,14 +28,19 @@ from plelab.visual.text import PAD
 
 VISUAL_TABLE = "visual_embed_tokens_per_layer.weight"
 PROJECTOR = "projector.weight"
+IMAGE_EMBED = "image_embed"
 
 
 class VisualPLEModel(nn.Module):
-    def __init__(self, lm: PLECausalLM, feature_dim: int, num_patches: int, num_ids: int) -> None:
+    def __init__(self, lm: PLECausalLM, feature_dim: int, num_patches: int, num_ids: int,
+                 use_features: bool = True) -> None:
         super().__init__()
         mc, pc = lm.mc, lm.pc
-        self.lm, self.num_patches = lm, num_patches
-        self.projector = nn.Linear(feature_dim, mc.hidden_size, bias=False)
+        self.lm, self.num_patches, self.use_features = lm, num_patches, use_features
+        if use_features:
+            self.projector = nn.Linear(feature_dim, mc.hidden_size, bias=False)
+        else:  # features withheld: one learned embedding at every image position
+            self.image_embed = nn.Parameter(torch.empty(mc.hidden_size))
         self.num_ids = num_ids if pc.enabled else 0
         if self.num_ids:
             self.visual_embed_tokens_per_layer = nn.Embedding(self.num_ids, mc.num_hidden_layers * pc.dim)
@@ -44,7 +51,7 @@ class VisualPLEModel(nn.Module):
         token part ``[B,P+T,L,dP]`` or None). ``drop_image`` zeroes the prefix and its table rows."""
         tm, pc = self.lm.model, self.lm.pc
         b, p = features.shape[:2]
-        img = self.projector(features)
+        img = self.projector(features) if self.use_features else self.image_embed.expand(b, p, -1)
         if drop_image:
             img = torch.zeros_like(img)
         h = torch.cat([img, tm.embed(captions)], dim=1)
@@ -74,14 +81,18 @@ class VisualPLEModel(nn.Module):
 
 
 def build_visual_model(mc, pc, feature_dim: int, num_patches: int, num_ids: int, seed: int = 0,
-                       device: str | torch.device = "cpu") -> VisualPLEModel:
+                       device: str | torch.device = "cpu", use_features: bool = True) -> VisualPLEModel:
     """The LM exactly as :func:`plelab.model.build_model` builds it for ``seed`` (so the trunk and the
     text table are identical across visual arms), plus the projector and the visual table, each drawn
     from its own name-seeded generator."""
-    model = VisualPLEModel(build_model(mc, pc, seed=seed, device=device), feature_dim, num_patches, num_ids)
+    model = VisualPLEModel(build_model(mc, pc, seed=seed, device=device), feature_dim, num_patches, num_ids,
+                           use_features)
     with torch.no_grad():
-        model.projector.weight.copy_(initial_normal(PROJECTOR, tuple(model.projector.weight.shape), seed,
-                                                    mc.initializer_range))
+        if use_features:
+            model.projector.weight.copy_(initial_normal(PROJECTOR, tuple(model.projector.weight.shape), seed,
+                                                        mc.initializer_range))
+        else:
+            model.image_embed.copy_(initial_normal(IMAGE_EMBED, (mc.hidden_size,), seed, mc.initializer_range))
         if model.num_ids:
             std = pc.table_init_std if pc.table_init_std is not None else mc.initializer_range
             table = model.visual_embed_tokens_per_layer.weight

@@ -1,0 +1,120 @@
+"""Everything a visual run reads, prepared once: scenes (or users' pairs), the caption vocabulary,
+frozen-encoder patch features, the visual IDs of the run's method, and the ID metrics.
+
+Train and validation scenes are separate draws (``data_seed`` and a derived seed); users' pairs are
+split 90/10 by position. For ``ids=random`` the training IDs are drawn afresh for every occurrence
+(:meth:`VisualData.train_ids`), from dct-kmeans's ID frequencies; validation uses one fixed draw.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from plelab.config.schema import RunConfig
+from plelab.errors import PlelabError
+from plelab.visual.scenes import SceneSet, fingerprint, generate_scenes
+from plelab.visual.text import PAD, WordVocab
+
+VAL_SEED_OFFSET = 1_000_003
+
+
+@dataclass
+class VisualData:
+    vocab: WordVocab
+    train_feats: torch.Tensor  # [N, P, D]
+    val_feats: torch.Tensor
+    train_caps: torch.Tensor  # [N, T] word ids
+    val_caps: torch.Tensor
+    val_content: torch.Tensor  # [N, T] bool: content-word positions
+    train_ids: torch.Tensor | None  # [N, P] visual IDs (None: no visual table)
+    val_ids: torch.Tensor | None
+    corpus_fingerprint: str
+    id_metrics: dict = field(default_factory=dict)
+    random_probs: torch.Tensor | None = None  # ids=random: the frequencies every occurrence is drawn from
+
+    @property
+    def num_patches(self) -> int:
+        return self.train_feats.shape[1]
+
+    @property
+    def feature_dim(self) -> int:
+        return self.train_feats.shape[2]
+
+    def batch_ids(self, index: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor | None:
+        """Visual IDs of training scenes ``index`` (fresh i.i.d. draws for the random control)."""
+        if self.random_probs is not None:
+            n = len(index) * self.num_patches
+            return torch.multinomial(self.random_probs, n, replacement=True, generator=generator).view(len(index), -1)
+        return None if self.train_ids is None else self.train_ids[index]
+
+    def unigram_entropy(self, vocab_size: int) -> float:
+        """Entropy (nats) of the validation captions' word distribution: a context-free model's loss."""
+        tokens = self.val_caps[self.val_caps != PAD].numpy()
+        p = np.bincount(tokens, minlength=vocab_size).astype(np.float64)
+        p = p[p > 0] / p.sum()
+        return float(-(p * np.log(p)).sum())
+
+
+def _scenes(cfg: RunConfig) -> tuple[SceneSet, SceneSet]:
+    v = cfg.visual
+    if v.data is None:
+        return (generate_scenes(v.scenes, v.data_seed, v.image_size, v.patch),
+                generate_scenes(v.val_scenes, v.data_seed + VAL_SEED_OFFSET, v.image_size, v.patch))
+    from plelab.visual.loader import load_image_captions
+
+    pairs = load_image_captions(v.data, v.image_size, v.patch)
+    if len(pairs) < 20:
+        raise PlelabError(f"{v.data} has {len(pairs)} image–caption pairs; a visual run needs at least 20")
+    cut = max(2, len(pairs) // 10)
+    return (SceneSet(pairs.images[cut:], pairs.captions[cut:], pairs.patch),
+            SceneSet(pairs.images[:cut], pairs.captions[:cut], pairs.patch))
+
+
+def prepare_visual(cfg: RunConfig, log=None) -> VisualData:
+    """Scenes → vocabulary → encoder features → visual IDs (``cfg.visual``) → :class:`VisualData`."""
+    from plelab.visual.encoder import EncoderConfig, encode_with, get_encoder
+    from plelab.visual.ids import DCTKMeans, FeatureKMeans, OracleIDs, RandomIDs
+    from plelab.visual.metrics import id_report
+
+    v = cfg.visual
+    train, val = _scenes(cfg)
+    vocab = WordVocab.build(train.captions)
+    length = min(v.caption_len, max(len(c.split()) for c in train.captions) + 1)
+    train_caps, _ = vocab.encode(train.captions, length)
+    val_caps, val_content = vocab.encode(val.captions, length)
+    vit = get_encoder(train, EncoderConfig(image_size=v.image_size, patch=v.patch), steps=v.encoder_steps,
+                      seed=v.data_seed, log=log)
+    encode = lambda images: encode_with(vit, images)  # noqa: E731
+    train_feats, val_feats = encode(train.images), encode(val.images)
+    method, random_probs, metrics = None, None, {}
+    if v.ids == "dct-kmeans" or v.ids == "random":
+        method = DCTKMeans(v.k).fit(train, v.data_seed)
+    elif v.ids == "siglip-kmeans":
+        method = FeatureKMeans(v.k, encode).fit(train, v.data_seed)
+    elif v.ids == "oracle":
+        method = OracleIDs(v.k).fit(train)
+    train_ids = val_ids = None
+    if method is not None:
+        train_ids, val_ids = method.assign(train), method.assign(val)
+        if v.ids == "random":
+            rnd = RandomIDs(method).fit(train)
+            random_probs, val_ids = rnd.probs, rnd.assign(val, seed=v.data_seed)
+        metrics = id_report(val_ids, v.k, val.semantic_labels() if val.has_labels else None)
+    key = hashlib.sha256(f"{fingerprint(train)}:{fingerprint(val)}:{v.ids}:{v.k}:{v.encoder_steps}".encode())
+    return VisualData(vocab, train_feats, val_feats, torch.from_numpy(train_caps), torch.from_numpy(val_caps),
+                      torch.from_numpy(val_content), train_ids, val_ids, key.hexdigest(), metrics, random_probs)
+
+
+def caption_losses(per_token: torch.Tensor, caps: torch.Tensor, content: torch.Tensor) -> dict:
+    """Mean caption loss overall, on content words and on template words (``<eos>`` counts as template)."""
+    real = caps != PAD
+    out = {}
+    for name, mask in (("caption", real), ("content", real & content), ("template", real & ~content)):
+        n = int(mask.sum())
+        out[name] = float(per_token[mask].sum() / n) if n else math.nan
+    return out

@@ -1,0 +1,92 @@
+"""Visual runs: training through the text trainer's loop, resume, caption report, and the controls."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from plelab.cli import main
+from plelab.config import resolve_config
+from plelab.visual.data import caption_losses, prepare_visual
+from plelab.visual.trainer import SceneSampler, VisualTrainer
+
+VIS = ["visual.enabled=true", "visual.scenes=300", "visual.val_scenes=40", "visual.encoder_steps=30",
+       "train.batch_size=16", "train.eval_every=10", "train.diag_every=5", "train.warmup_steps=5"]
+
+
+def _cfg(ids: str, steps: int = 20, seed: int = 0, extra=()):
+    return resolve_config("cpu-tiny", [*VIS, f"visual.ids={ids}", *extra], dp=8, steps=steps, seed=seed)
+
+
+def test_visual_run_trains_resumes_and_reports(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--preset", "cpu-tiny", "--dp", "8", "--steps", "20", "--out", str(out), "--no-progress",
+            *sum((["--set", s] for s in [*VIS, "visual.ids=dct-kmeans", "train.checkpoint_every=10"]), [])]
+    assert main(args) == 0
+    assert "image–caption pairs" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    vis = summary["visual"]
+    assert vis["ids"] == "dct-kmeans" and 0 < vis["id_metrics"]["nmi"] <= 1
+    assert vis["no_image_caption"] > vis["caption"] > 0 and vis["content"] > vis["template"]
+    assert json.loads((out / "config.json").read_text())["model"]["vocab_size"] < 64  # the caption vocabulary
+    assert main(["train", "--out", str(out), "--resume", "--steps", "30", "--no-progress"]) == 0
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 31))
+    diag = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "diag" in line]
+    assert diag and diag[0]["diag"]["snr"][0] > 0  # the live signal probes work on the visual model's LM
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    return {ids: prepare_visual(_cfg(ids)) for ids in ("none", "oracle", "random", "dct-kmeans")}
+
+
+def _trainer(ids, prepared, **kw):
+    return VisualTrainer(_cfg(ids, **kw), prepared[ids], progress=False, log=lambda *x: None)
+
+
+def test_visual_runs_are_deterministic_and_paired(prepared):
+    a, b = _trainer("oracle", prepared), _trainer("oracle", prepared)
+    base = _trainer("none", prepared)
+    for name, p in base.model.lm.named_parameters():  # same seed, any arm: the same LM at step 0
+        assert torch.equal(p, dict(a.model.lm.named_parameters())[name])
+    assert torch.equal(base.model.projector.weight, a.model.projector.weight)
+    assert a.fit().train_losses == b.fit().train_losses
+    assert not hasattr(base.model, "visual_embed_tokens_per_layer")
+    assert [g["name"] for g in a.opt.param_groups][-2:] == ["projector", "visual_table"]
+    s = SceneSampler(10, seed=1)
+    first = torch.cat([s.batch(k, 5) for k in range(2)])
+    assert sorted(first.tolist()) == list(range(10)) and torch.equal(s.batch(0, 5), SceneSampler(10, 1).batch(0, 5))
+
+
+def test_random_ids_are_fresh_draws_from_the_real_frequencies(prepared):
+    data = prepared["random"]
+    idx = torch.arange(8)
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    a, b = data.batch_ids(idx, g1), data.batch_ids(idx, g2)
+    assert a.shape == (8, 36) and not torch.equal(a, b)
+    dct = prepared["dct-kmeans"]
+    real = torch.bincount(dct.train_ids.flatten(), minlength=64).double()
+    assert torch.allclose(data.random_probs.double(), real / real.sum(), atol=1e-6)
+    assert data.id_metrics["nmi"] < 0.2 < dct.id_metrics["nmi"]
+
+
+def test_caption_losses_split():
+    caps = torch.tensor([[5, 6, 1, 0]])
+    content = torch.tensor([[True, False, False, False]])
+    per = torch.tensor([[2.0, 1.0, 0.5, 0.0]])
+    rep = caption_losses(per, caps, content)
+    assert rep == {"caption": pytest.approx(3.5 / 3), "content": 2.0, "template": pytest.approx(0.75)}
+
+
+def test_features_can_be_withheld(prepared):
+    tr = _trainer("oracle", prepared, extra=["visual.features=false"])
+    assert not hasattr(tr.model, "projector") and tr.model.image_embed.shape == (64,)
+    assert [g["name"] for g in tr.opt.param_groups][-2:] == ["image_embed", "visual_table"]
+    d = prepared["oracle"]
+    feats = d.val_feats[:4]
+    loss = tr.model(feats, d.val_ids[:4], d.val_caps[:4])
+    assert torch.equal(loss, tr.model(feats * 5, d.val_ids[:4], d.val_caps[:4]))  # features do not enter
+    assert not torch.equal(loss, tr.model(feats, (d.val_ids[:4] + 1) % 64, d.val_caps[:4]))  # the IDs do
