@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
 
 from plelab.cli import main
 from plelab.config import resolve_config
+from plelab.errors import PlelabError
 from plelab.visual.data import caption_losses, prepare_visual
 from plelab.visual.trainer import SceneSampler, VisualTrainer
 
@@ -90,3 +92,28 @@ def test_features_can_be_withheld(prepared):
     loss = tr.model(feats, d.val_ids[:4], d.val_caps[:4])
     assert torch.equal(loss, tr.model(feats * 5, d.val_ids[:4], d.val_caps[:4]))  # features do not enter
     assert not torch.equal(loss, tr.model(feats, (d.val_ids[:4] + 1) % 64, d.val_caps[:4]))  # the IDs do
+
+
+def test_resumed_visual_run_matches_an_uninterrupted_one(prepared, tmp_path):
+    cfg = _cfg("random", extra=["train.checkpoint_every=5"])
+    whole = VisualTrainer(cfg, prepared["random"], tmp_path / "a", progress=False, log=lambda *x: None).fit()
+    part = VisualTrainer(_cfg("random", extra=["train.checkpoint_every=5"]), prepared["random"], tmp_path / "b",
+                         progress=False, log=lambda *x: None)
+    part._start = time.perf_counter()
+    assert [part.train_step()["loss"] for _ in range(7)] == whole.train_losses[:7]
+    part.save_checkpoint()  # as if killed right after step 7's checkpoint
+    del part
+    rest = VisualTrainer(_cfg("random", extra=["train.checkpoint_every=5"]), prepared["random"], tmp_path / "b",
+                         resume=True, progress=False, log=lambda *x: None).fit()
+    assert rest.train_losses == whole.train_losses[7:] and rest.val_history[-1] == whole.val_history[-1]
+    other = _cfg("random", extra=["train.checkpoint_every=5", "visual.caption_len=8"])
+    with pytest.raises(PlelabError, match="different visual"):
+        VisualTrainer(other, prepared["random"], tmp_path / "b", resume=True, progress=False, log=lambda *x: None)
+
+
+def test_visual_config_cross_checks():
+    for extra, needle in ((["visual.ids=dct-kmeans"], "ple.dim > 0"), (["ple.ids=iid"], "visual.ids=random"),
+                          (["visual.ids=oracle", "visual.k=16"], "k >= 37"),
+                          (["visual.image_size=8"], "at least twice")):
+        with pytest.raises(PlelabError, match=needle):
+            resolve_config("cpu-tiny", ["visual.enabled=true", *extra], dp=0 if "dct" in extra[0] else 8)

@@ -256,8 +256,10 @@ class VisualConfig:
         _require(self.k >= 2, "visual.k", self.k, "an integer >= 2")
         _require(self.scenes >= 16 and self.val_scenes >= 4, "visual.scenes", self.scenes,
                  "an integer >= 16 (and visual.val_scenes >= 4)")
-        _require(self.patch >= 1 and self.image_size % self.patch == 0, "visual.image_size", self.image_size,
-                 f"a multiple of visual.patch={self.patch}")
+        _require(self.patch >= 1 and self.image_size % self.patch == 0 and self.image_size >= 2 * self.patch,
+                 "visual.image_size", self.image_size, f"a multiple of visual.patch={self.patch}, at least twice it")
+        _require(self.ids != "oracle" or (self.k >= 37 and self.data is None), "visual.ids", self.ids,
+                 "oracle only on the embedded scenes (no visual.data) and with visual.k >= 37")
         _require(self.encoder_steps >= 1, "visual.encoder_steps", self.encoder_steps, "an integer >= 1")
         _require(self.caption_len >= 4, "visual.caption_len", self.caption_len, "an integer >= 4")
 
@@ -284,6 +286,10 @@ class RunConfig:
         self.train.validate()
         self.data.validate()
         self.visual.validate()
+        if self.visual.enabled:
+            _require(self.visual.ids == "none" or self.ple.enabled, "visual.ids", self.visual.ids,
+                     "none when ple.dim=0 (the visual table is a per-layer table: set ple.dim > 0)")
+            _require(self.ple.ids == "token", "ple.ids", self.ple.ids, "token in a visual run (use visual.ids=random)")
         return self
 
     def to_dict(self) -> dict:

@@ -191,10 +191,10 @@ def _run_in_process(todo: list[RunJob], bar, progress: bool, log) -> None:
 
 
 def _run_workers(todo: list[RunJob], jobs: int, bar, report) -> None:
-    from plelab.train.launch import prepare_run_data
+    from plelab.train.launch import warm_caches
 
     for cfg in {data_key(j.cfg): j.cfg for j in todo}.values():  # fill the caches once here, not in every worker
-        prepare_run_data(cfg.__class__.from_dict(cfg.to_dict()), progress=False)
+        warm_caches(cfg)
     threads = max(1, available_cores() // jobs)
     pending, active, failed = list(todo), [], []
     try:

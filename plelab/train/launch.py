@@ -18,12 +18,23 @@ def prepare_run_data(cfg: RunConfig, progress: bool = True, dist=None):
             raise PlelabError("visual runs are single-process for now; run them without torchrun")
         from plelab.visual.data import prepare_visual
 
-        data = prepare_visual(cfg, log=print if progress else None)
-        cfg.model.vocab_size = len(data.vocab)  # the caption vocabulary decides the LM's vocabulary
-        return data
+        return prepare_visual(cfg, log=print if progress else None)
     from plelab.data.pipeline import prepare_data
 
     return prepare_data(cfg, progress=progress, dist=dist)
+
+
+def warm_caches(cfg: RunConfig) -> None:
+    """Fill the on-disk caches a run needs (tokenizer and tokens, or the pretrained encoder) once, so
+    that parallel workers do not each build them."""
+    if cfg.visual.enabled:
+        from plelab.visual.data import warm_encoder
+
+        warm_encoder(cfg)
+    else:
+        from plelab.data.pipeline import prepare_data
+
+        prepare_data(cfg, progress=False)
 
 
 def trainer_class(cfg: RunConfig):

@@ -42,9 +42,14 @@ def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:
             for k, v in groups.items() if v]
 
 
+def adamw(groups: list[dict]) -> torch.optim.AdamW:
+    """plelab's AdamW (β = 0.9, 0.95; ε = 1e-8). foreach=False keeps CPU results bit-identical across runs
+    and group layouts."""
+    return torch.optim.AdamW(groups, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+
+
 def build_optimizer(model: nn.Module, tc: TrainConfig) -> torch.optim.AdamW:
-    # foreach=False keeps CPU results bit-identical across runs and group layouts.
-    return torch.optim.AdamW(optimizer_groups(model, tc), betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    return adamw(optimizer_groups(model, tc))
 
 
 def lr_multiplier(step: int, tc: TrainConfig) -> float:

@@ -49,7 +49,7 @@ from plelab.train.metrics import MetricSinks, gpu_peak_flops, step_line, truncat
 from plelab.train.optim import build_optimizer, lr_multiplier, set_lr
 
 # Config keys that must match for a checkpoint to be resumed (they change what a step computes).
-_RESUME_KEYS = ("seed", "model", "ple", "train.batch_size", "train.seq_len")
+_RESUME_KEYS = ("seed", "model", "ple", "train.batch_size", "train.seq_len", "visual")
 
 
 @dataclass
@@ -151,7 +151,11 @@ class Trainer:
         latest = found[-1] if found else None
         state = ckpt.read_state(latest) if latest is not None else None
         if state is not None:
-            saved, now = state["config"], self.cfg.to_dict()
+            try:  # through the config class: a section added since the checkpoint reads as its defaults
+                saved = RunConfig.from_dict(state["config"]).to_dict()
+            except PlelabError as err:
+                raise PlelabError(f"cannot resume {run}: its checkpoint's config is not valid here ({err})") from None
+            now = self.cfg.to_dict()
             for key in _RESUME_KEYS:
                 if _lookup(saved, key) != _lookup(now, key):
                     raise PlelabError(f"cannot resume {run}: its checkpoint was trained with a different {key}; "

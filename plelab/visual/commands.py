@@ -33,20 +33,21 @@ def id_table(k: int, train, held_out, seed: int = 0, out: Path | None = None, en
 
 def cmd_visual_ids(args: argparse.Namespace) -> int:
     from plelab.report.tables import format_table
-    from plelab.visual.loader import load_image_captions
-    from plelab.visual.scenes import SceneSet, generate_scenes
+    from plelab.visual.data import VAL_SEED_OFFSET
+    from plelab.visual.loader import load_image_captions, split_pairs
+    from plelab.visual.scenes import generate_scenes
 
     if args.k < 2 or args.scenes < 10:
         raise ConfigError("--k must be >= 2 and --scenes >= 10")
+    if args.patch < 1 or args.image_size % args.patch or args.image_size < 2 * args.patch:
+        raise ConfigError(f"--image-size {args.image_size} must be a multiple of --patch {args.patch}, "
+                          "at least twice it")
     if args.data:
-        data = load_image_captions(args.data, args.image_size, args.patch)
-        cut = max(1, len(data) // 10)
-        train = SceneSet(data.images[cut:], data.captions[cut:], data.patch)
-        held = SceneSet(data.images[:cut], data.captions[:cut], data.patch)
+        train, held = split_pairs(load_image_captions(args.data, args.image_size, args.patch))
     else:
         train = generate_scenes(args.scenes, seed=args.seed, image_size=args.image_size, patch=args.patch)
-        held = generate_scenes(max(10, args.scenes // 5), seed=args.seed + 10_000, image_size=args.image_size,
-                               patch=args.patch)
+        held = generate_scenes(max(10, args.scenes // 5), seed=args.seed + VAL_SEED_OFFSET,
+                               image_size=args.image_size, patch=args.patch)
     out = Path(args.out) if args.out else None
     from plelab.visual.encoder import HFSiglipEncoder, encode_with, get_encoder
 

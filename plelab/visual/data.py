@@ -65,19 +65,30 @@ def _scenes(cfg: RunConfig) -> tuple[SceneSet, SceneSet]:
     if v.data is None:
         return (generate_scenes(v.scenes, v.data_seed, v.image_size, v.patch),
                 generate_scenes(v.val_scenes, v.data_seed + VAL_SEED_OFFSET, v.image_size, v.patch))
-    from plelab.visual.loader import load_image_captions
+    from plelab.visual.loader import load_image_captions, split_pairs
 
     pairs = load_image_captions(v.data, v.image_size, v.patch)
     if len(pairs) < 20:
         raise PlelabError(f"{v.data} has {len(pairs)} image–caption pairs; a visual run needs at least 20")
-    cut = max(2, len(pairs) // 10)
-    return (SceneSet(pairs.images[cut:], pairs.captions[cut:], pairs.patch),
-            SceneSet(pairs.images[:cut], pairs.captions[:cut], pairs.patch))
+    return split_pairs(pairs)
+
+
+def _encoder(cfg: RunConfig, train: SceneSet, log=None):
+    from plelab.visual.encoder import EncoderConfig, get_encoder
+
+    v = cfg.visual
+    return get_encoder(train, EncoderConfig(image_size=v.image_size, patch=v.patch), steps=v.encoder_steps,
+                       seed=v.data_seed, log=log)
+
+
+def warm_encoder(cfg: RunConfig) -> None:
+    """Pretrain (or find in the cache) the encoder a visual run will use."""
+    _encoder(cfg, _scenes(cfg)[0])
 
 
 def prepare_visual(cfg: RunConfig, log=None) -> VisualData:
     """Scenes → vocabulary → encoder features → visual IDs (``cfg.visual``) → :class:`VisualData`."""
-    from plelab.visual.encoder import EncoderConfig, encode_with, get_encoder
+    from plelab.visual.encoder import encode_with
     from plelab.visual.ids import DCTKMeans, FeatureKMeans, OracleIDs, RandomIDs
     from plelab.visual.metrics import id_report
 
@@ -87,8 +98,7 @@ def prepare_visual(cfg: RunConfig, log=None) -> VisualData:
     length = min(v.caption_len, max(len(c.split()) for c in train.captions) + 1)
     train_caps, _ = vocab.encode(train.captions, length)
     val_caps, val_content = vocab.encode(val.captions, length)
-    vit = get_encoder(train, EncoderConfig(image_size=v.image_size, patch=v.patch), steps=v.encoder_steps,
-                      seed=v.data_seed, log=log)
+    vit = _encoder(cfg, train, log)
     encode = lambda images: encode_with(vit, images)  # noqa: E731
     train_feats, val_feats = encode(train.images), encode(val.images)
     method, random_probs, metrics = None, None, {}
@@ -105,7 +115,8 @@ def prepare_visual(cfg: RunConfig, log=None) -> VisualData:
             rnd = RandomIDs(method).fit(train)
             random_probs, val_ids = rnd.probs, rnd.assign(val, seed=v.data_seed)
         metrics = id_report(val_ids, v.k, val.semantic_labels() if val.has_labels else None)
-    key = hashlib.sha256(f"{fingerprint(train)}:{fingerprint(val)}:{v.ids}:{v.k}:{v.encoder_steps}".encode())
+    key = hashlib.sha256(f"{fingerprint(train)}:{fingerprint(val)}:{v.ids}:{v.k}:{v.encoder_steps}:{length}:"
+                         f"{v.features}".encode())
     return VisualData(vocab, train_feats, val_feats, torch.from_numpy(train_caps), torch.from_numpy(val_caps),
                       torch.from_numpy(val_content), train_ids, val_ids, key.hexdigest(), metrics, random_probs)
 

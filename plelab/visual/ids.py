@@ -80,10 +80,14 @@ class VisualTokenizer(ABC):
 
         from plelab.io import atomic_write
 
-        if not self.fitted:
-            raise PlelabError(f"the {self.name} tokenizer is not fitted yet; call fit first")
+        self._need_fit()
         tensors = {k: v.contiguous() for k, v in self.state().items()}
         return atomic_write(path, lambda p: save_file(tensors, str(p), metadata={"plelab": json.dumps(self.meta())}))
+
+    def _enough(self, n: int) -> None:
+        if n < self.k:
+            raise PlelabError(f"{self.name}: K={self.k} visual IDs but only {n} patches to fit on; lower K or use "
+                              "more images")
 
     def _need_fit(self) -> None:
         if not self.fitted:
@@ -111,6 +115,7 @@ class DCTKMeans(VisualTokenizer):
 
     def fit(self, scenes: SceneSet, seed: int = 0) -> DCTKMeans:
         x = self.features(scenes)
+        self._enough(len(x))
         self.mean, self.std = x.mean(0), x.std(0).clamp_min(1e-6)
         self.centroids, self.inertia = kmeans((x - self.mean) / self.std, self.k, self.iters, seed,
                                               max_points=256 * self.k)
@@ -150,8 +155,9 @@ class FeatureKMeans(VisualTokenizer):
         return f.reshape(-1, f.shape[-1]).float()
 
     def fit(self, scenes: SceneSet, seed: int = 0) -> FeatureKMeans:
-        self.centroids, self.inertia = kmeans(self._features(scenes), self.k, self.iters, seed, spherical=True,
-                                              max_points=256 * self.k)
+        x = self._features(scenes)
+        self._enough(len(x))
+        self.centroids, self.inertia = kmeans(x, self.k, self.iters, seed, spherical=True, max_points=256 * self.k)
         self.fitted = True
         return self
 

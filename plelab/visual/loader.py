@@ -30,7 +30,7 @@ def _read_image(path: Path, image_size: int, where: str) -> np.ndarray:
         with Image.open(path) as im:
             im = im.convert("RGB").resize((image_size, image_size), Image.Resampling.BICUBIC)
             return np.asarray(im, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, ValueError) as err:
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
         raise PlelabError(f"{where}: {path} is not a readable image ({str(err).splitlines()[0]}); "
                           "replace or remove it") from None
 
@@ -58,8 +58,20 @@ def _pairs_from_folder(path: Path) -> list[tuple[Path, str, str]]:
         txt = img.with_suffix(".txt")
         if not txt.is_file():
             raise PlelabError(f"{img} has no caption file {txt.name} beside it; add one or remove the image")
-        pairs.append((img, txt.read_text(encoding="utf-8").strip(), str(txt)))
+        try:
+            pairs.append((img, txt.read_text(encoding="utf-8").strip(), str(txt)))
+        except UnicodeDecodeError:
+            raise PlelabError(f"{txt} is not UTF-8 text; captions must be UTF-8") from None
     return pairs
+
+
+def split_pairs(pairs: SceneSet) -> tuple[SceneSet, SceneSet]:
+    """Users' pairs into (train, held-out): the first tenth (at least 2) is held out."""
+    cut = max(2, len(pairs) // 10)
+    if len(pairs) - cut < 2:
+        raise PlelabError(f"{len(pairs)} image–caption pairs are too few to split into train and held-out; add more")
+    return (SceneSet(pairs.images[cut:], pairs.captions[cut:], pairs.patch),
+            SceneSet(pairs.images[:cut], pairs.captions[:cut], pairs.patch))
 
 
 def load_image_captions(path: str | Path, image_size: int = 48, patch: int = 8) -> SceneSet:
@@ -74,6 +86,8 @@ def load_image_captions(path: str | Path, image_size: int = 48, patch: int = 8) 
         pairs = _pairs_from_jsonl(path) if path.is_file() else _pairs_from_folder(path)
     except UnicodeDecodeError:
         raise PlelabError(f"{path} is not UTF-8 text; captions must be UTF-8") from None
+    except OSError as err:
+        raise PlelabError(f"cannot read {path}: {err.strerror or err}") from None
     if not pairs:
         raise PlelabError(f"no image–caption pairs found in {path}; a JSONL needs lines "
                           "{\"image\": path, \"caption\": text}, a folder needs images with .txt captions")

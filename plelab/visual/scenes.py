@@ -126,8 +126,10 @@ def caption(objects: list[dict]) -> str:
 
 def generate_scenes(n: int, seed: int = 0, image_size: int = 48, patch: int = 8) -> SceneSet:
     """``n`` scenes, deterministic in ``(seed, index)``; ``image_size`` must be a multiple of ``patch``."""
-    if image_size % patch or image_size < 3 * patch // 2:
-        raise ValueError(f"image_size {image_size} must be a multiple of patch {patch}")
+    if patch < 1 or image_size % patch or image_size < 2 * patch:
+        from plelab.errors import PlelabError
+
+        raise PlelabError(f"image size {image_size} must be a multiple of the patch size {patch}, at least twice it")
     imgs, caps, labels = [], [], []
     for i in range(n):
         rng = np.random.default_rng([seed, i])

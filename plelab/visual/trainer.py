@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 
 from plelab.config.schema import RunConfig
-from plelab.errors import PlelabError
 from plelab.model.init import param_seed
-from plelab.train.optim import optimizer_groups
+from plelab.train.optim import adamw, optimizer_groups
 from plelab.train.trainer import Trainer, TrainResult
 from plelab.visual.data import VisualData, caption_losses, prepare_visual
 from plelab.visual.model import build_visual_model
@@ -23,19 +22,22 @@ from plelab.visual.text import PAD
 
 
 class SceneSampler:
-    """A fresh permutation of the training scenes every epoch, from the run seed."""
+    """A fresh permutation of the training scenes every epoch, from the run seed (one cached at a time)."""
 
     def __init__(self, n: int, seed: int) -> None:
         self.n, self.seed = n, seed
+        self._epoch, self._perm = -1, None
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if epoch != self._epoch:
+            gen = torch.Generator().manual_seed(param_seed(self.seed, f"e{epoch}"))
+            self._epoch, self._perm = epoch, torch.randperm(self.n, generator=gen)
+        return self._perm
 
     def batch(self, step: int, batch_size: int, rows: slice = slice(None)) -> torch.Tensor:
-        start = step * batch_size
-        idx = []
-        for pos in range(start, start + batch_size):
-            epoch, k = divmod(pos, self.n)
-            perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(param_seed(self.seed, f"e{epoch}")))
-            idx.append(int(perm[k]))
-        return torch.tensor(idx)[rows]
+        positions = range(step * batch_size, (step + 1) * batch_size)[rows]
+        return torch.tensor([int(self._permutation(pos // self.n)[pos % self.n]) for pos in positions],
+                            dtype=torch.long)
 
     def epochs(self, step: int, batch_size: int) -> float:
         return step * batch_size / self.n
@@ -43,8 +45,7 @@ class SceneSampler:
 
 class VisualTrainer(Trainer):
     def __init__(self, cfg: RunConfig, data: VisualData, run_dir=None, **kw) -> None:
-        if cfg.ple.enabled and cfg.ple.ids == "iid":
-            raise PlelabError("ple.ids=iid is a text-run control; in a visual run use visual.ids=random")
+        cfg.validate()  # the visual settings' cross-checks (visual table needs PLE; no text iid ids)
         cfg.model.vocab_size = len(data.vocab)  # the caption vocabulary decides it
         super().__init__(cfg, data, run_dir, **kw)
 
@@ -68,12 +69,13 @@ class VisualTrainer(Trainer):
             groups.append({"name": "visual_table", "params": [self.model.visual_embed_tokens_per_layer.weight],
                            "lr": lr, "base_lr": lr, "weight_decay": tc.table_weight_decay})
         assert sum(len(g["params"]) for g in groups) == sum(p.requires_grad for p in self.model.parameters())
-        return torch.optim.AdamW(groups, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+        return adamw(groups)
 
     def _setup_data(self) -> None:
         self.sampler = SceneSampler(len(self.data.train_caps), self.cfg.seed)
         self.val = torch.arange(len(self.data.val_caps))
-        self.tokens_per_step = self.cfg.train.batch_size * self.data.train_caps.shape[1]
+        # every position of the sequence is computed: the image prefix and the (padded) caption
+        self.tokens_per_step = self.cfg.train.batch_size * (self.data.num_patches + self.data.train_caps.shape[1])
 
     def _micro_loss(self, step: int, micro: int, rows: slice) -> torch.Tensor:
         idx = self.sampler.batch(step, self.cfg.train.batch_size, rows)
