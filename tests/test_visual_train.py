@@ -117,3 +117,19 @@ def test_visual_config_cross_checks():
                           (["visual.image_size=8"], "at least twice")):
         with pytest.raises(PlelabError, match=needle):
             resolve_config("cpu-tiny", ["visual.enabled=true", *extra], dp=0 if "dct" in extra[0] else 8)
+
+
+def test_visual_study_quick_on_the_sweep_engine(tmp_path, capsys):
+    out = tmp_path / "vs"
+    assert main(["visual-study", "--quick", "--methods", "none,random,oracle", "--out", str(out), "--no-progress"]) == 0
+    md = (out / "report" / "report.md").read_text()
+    assert "| oracle | 1.000 |" in md and "content-word loss" in md and "image removed" in md
+    data = json.loads((out / "report" / "results.json").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert [r["method"] for r in data["analysis"]["rows"]] == ["none", "random", "oracle"]
+    assert {c["b"] for c in data["analysis"]["content_vs_none"]} == {"random", "oracle"}
+    assert all(c["n"] == 2 for c in data["analysis"]["caption_vs_none"])
+    assert "data:image/png;base64," in (out / "report" / "report.html").read_text()
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0 and "report.html" in capsys.readouterr().out  # dispatches by kind
+    assert main(["visual-study", "--quick", "--methods", "random,oracle", "--out", str(tmp_path / "x")]) == 2
+    assert "including none" in capsys.readouterr().err

@@ -91,8 +91,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _report(root: Path) -> None:
     from plelab.report.sweep import write_report
+    from plelab.sweep.spec import load_spec
 
-    paths = write_report(root)
+    spec = load_spec(root)
+    if spec is not None and spec.kind == "visual":
+        from plelab.report.visual import write_visual_report
+
+        paths = write_visual_report(root)
+    else:
+        paths = write_report(root)
     print("\n".join(f"wrote {p}" for p in paths))
 
 

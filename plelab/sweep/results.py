@@ -41,6 +41,7 @@ class RunResult:
     early_step: int = 0
     occurrences: dict = field(default_factory=dict)
     structure: dict = field(default_factory=dict)  # {"early": {...}, "final": {...}} cross-seed CKA vs null
+    visual: dict = field(default_factory=dict)  # a visual run's caption report and ID metrics (summary.json)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -113,7 +114,7 @@ def read_run(job: RunJob, last_k: int) -> RunResult:
         arm=job.arm.name, seed=job.seed, loss=float(np.mean([v for _, v in vals[-last_k:]])), val_history=vals,
         train_curve=[(r["step"], r["loss"]) for r in rows if "loss" in r], tokens_seen=summary["tokens_seen"],
         wall_seconds=summary["wall_seconds"], tokens_per_second=summary["tokens_per_second"],
-        signal=_signal(diag_rows[-1] if diag_rows else None), early_step=early)
+        signal=_signal(diag_rows[-1] if diag_rows else None), early_step=early, visual=summary.get("visual", {}))
     if job.cfg.ple.enabled:
         final = _checkpoint(job.path, tc.steps)
         result.final_diag = _use(final)
@@ -186,7 +187,7 @@ def collect(root: str | Path, structure: bool = True) -> SweepResults:
             continue
         runs.setdefault(job.arm.name, {})[job.seed] = read_run(job, spec.last_k)
         by_arm.setdefault(job.arm.name, []).append(job)
-    if structure:
+    if structure and spec.kind == "dp":  # the cross-seed test reads text tables (visual runs: next step)
         cache: dict = {}
         for arm, jobs in by_arm.items():
             cfg = jobs[0].cfg

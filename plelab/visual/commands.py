@@ -64,6 +64,30 @@ def cmd_visual_ids(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_visual_study(args: argparse.Namespace) -> int:
+    import time
+
+    from plelab.report.visual import write_visual_report
+    from plelab.sweep.runner import run_sweep
+    from plelab.sweep.spec import merge_spec
+    from plelab.visual.study import METHODS, visual_spec
+
+    methods = [m.strip() for m in args.methods.split(",")] if args.methods else list(METHODS)
+    bad = [m for m in methods if m not in METHODS]
+    if bad or "none" not in methods:
+        raise ConfigError(f"invalid --methods {args.methods!r}: choose from {', '.join(METHODS)}, including none "
+                          "(the baseline every method is paired with)")
+    if args.seeds is not None and args.seeds < 1:
+        raise ConfigError("--seeds must be >= 1")
+    profile = "quick" if args.quick else "default"
+    out = Path(args.out) if args.out else Path("runs") / time.strftime(f"visual-{profile}-%Y%m%d-%H%M%S")
+    spec = merge_spec(out, visual_spec(profile, methods, dp=args.dp, seeds=args.seeds))
+    run_sweep(out, spec, jobs=args.jobs, progress=not args.no_progress)
+    paths = write_visual_report(out)
+    print("\n".join(f"wrote {p}" for p in paths))
+    return 0
+
+
 def add_visual_parsers(sub) -> None:
     p = sub.add_parser("visual-ids", help="fit offline visual tokenizers (DCT + K-means) and score their IDs")
     p.add_argument("--k", type=int, default=64, help="number of visual IDs, the same for every method (default 64)")
@@ -76,3 +100,13 @@ def add_visual_parsers(sub) -> None:
                                     "(default: a tiny ViT SigLIP-pretrained on the same data, cached)")
     p.add_argument("--out", help="save the fitted tokenizers (safetensors) into this folder")
     p.set_defaults(func=cmd_visual_ids)
+
+    p = sub.add_parser("visual-study", help="paired multi-seed study of visual-ID methods (text-only loss)")
+    p.add_argument("--quick", action="store_true", help="the CI smoke test (tiny runs, 2 seeds)")
+    p.add_argument("--methods", help="comma-separated: none, dct-kmeans, siglip-kmeans, random, oracle (default all)")
+    p.add_argument("--seeds", type=int, help="seeds per method (default 3; 2 with --quick)")
+    p.add_argument("--dp", type=int, default=16, help="dP of the text and visual per-layer tables (default 16)")
+    p.add_argument("--out", help="the study folder (default runs/visual-PROFILE-DATE; rerun to resume)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_visual_study)
