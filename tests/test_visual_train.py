@@ -133,3 +133,20 @@ def test_visual_study_quick_on_the_sweep_engine(tmp_path, capsys):
     assert main(["report", str(out)]) == 0 and "report.html" in capsys.readouterr().out  # dispatches by kind
     assert main(["visual-study", "--quick", "--methods", "random,oracle", "--out", str(tmp_path / "x")]) == 2
     assert "including none" in capsys.readouterr().err
+
+
+def test_oracle_beats_random_ids_on_content_words_when_the_ids_are_the_only_view():
+    """The positive control: with the continuous features withheld, a visual table keyed by the patch
+    labels lowers the content-word loss far below one keyed by random IDs (measured: −0.35 and −0.30
+    nats for seeds 0 and 1 at these settings). It needs ≥ 2 layers after the first injection: at
+    L = 2 the table's signal can be read by one attention layer only and does not show in 300 steps."""
+    settings = ["visual.enabled=true", "visual.scenes=1000", "visual.val_scenes=200", "visual.features=false",
+                "train.batch_size=32", "model.num_hidden_layers=4", "train.eval_every=1000", "train.diag_every=0",
+                "train.warmup_steps=10", "train.checkpoint_every=0"]
+    content = {}
+    for ids in ("random", "oracle"):
+        cfg = resolve_config("cpu-tiny", [*settings, f"visual.ids={ids}"], dp=16, steps=300, seed=0)
+        trainer = VisualTrainer(cfg, prepare_visual(cfg), progress=False, log=lambda *x: None)
+        trainer.fit()
+        content[ids] = trainer.caption_report()["content"]
+    assert content["oracle"] < content["random"] - 0.1, content

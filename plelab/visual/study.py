@@ -35,10 +35,12 @@ VISUAL_PROFILES = {
     "quick": VisualProfile("cpu-tiny", 2, 40, ["visual.scenes=300", "visual.val_scenes=40", "visual.encoder_steps=30",
                                                "train.batch_size=16", "train.eval_every=10", "train.diag_every=0",
                                                "train.checkpoint_every=0", "train.warmup_steps=5"], "CI smoke test"),
+    # 4 layers: a table injected after layer l is read by attention from layer l+1 on; with 2 layers the
+    # oracle control barely moves the loss (tests/test_visual_train.py measures the positive control)
     "default": VisualProfile("cpu-tiny", 3, 800, ["visual.scenes=2000", "visual.val_scenes=200", "train.batch_size=32",
-                                                  "train.eval_every=100", "train.diag_every=100",
-                                                  "train.checkpoint_every=0", "train.warmup_steps=20"],
-                             "≈ 20 s per run on 2 cores"),
+                                                  "model.num_hidden_layers=4", "train.eval_every=100",
+                                                  "train.diag_every=100", "train.checkpoint_every=0",
+                                                  "train.warmup_steps=20"], "≈ 40 s per run on 2 cores"),
 }
 
 
