@@ -2,8 +2,10 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -20,6 +22,14 @@ def _launch(out, nproc, *extra, fault=None):
            "-m", "plelab", *ARGS, "--out", str(out), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", **({"PLELAB_FAULT": fault} if fault else {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    if not fault and proc.returncode != 0 and "SIGABRT" in proc.stderr:
+        # Seen once in ~9 CI-like runs: a gloo child aborted (SIGABRT) and passed on every rerun. Retry once,
+        # visibly, from a clean folder (or the same one when resuming), so an infrastructure flake does not
+        # fail the suite; a real failure fails twice.
+        warnings.warn(f"torchrun child aborted (SIGABRT); retrying once: {proc.stderr[-300:]}", stacklevel=2)
+        if "--resume" not in extra:
+            shutil.rmtree(out, ignore_errors=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     if fault:
         assert proc.returncode != 0
         return None
