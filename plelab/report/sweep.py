@@ -8,30 +8,24 @@ the Markdown and the HTML always say the same thing.
 from __future__ import annotations
 
 import base64
-import csv
 import html
-import io
-import math
 import time
 from pathlib import Path
 
 from plelab.io import atomic_write, write_json
 from plelab.report.sweep_findings import findings, required_seeds
 from plelab.report.sweep_plots import all_plots
+from plelab.report.tables import csv_text, fmt
 from plelab.sweep.analysis import analyse
 from plelab.sweep.results import SweepResults, collect, regime
 from plelab.sweep.spec import sweep_command
 
 
-def _f(x, spec: str = ".4f") -> str:
-    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
-
-
 def _cmp_cells(c: dict | None) -> list[str]:
     if not c:
         return ["—", "—", "—"]
-    ci = f"[{_f(c['ci_low'], '+.4f')}, {_f(c['ci_high'], '+.4f')}]"
-    return [_f(c["mean"], "+.4f"), ci, c["label"]]
+    ci = f"[{fmt(c['ci_low'], '+.4f')}, {fmt(c['ci_high'], '+.4f')}]"
+    return [fmt(c["mean"], "+.4f"), ci, c["label"]]
 
 
 def results_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
@@ -40,17 +34,17 @@ def results_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
     rows = []
     for r in analysis["rows"]:
         rows.append([r["arm"], str(r["dP"]), f"{r['added_params']:,}", f"{r['added_pct']:.2f}%",
-                     f"{r['loss_mean']:.4f} ± {_f(r['loss_sd'])} ({r['n']})", *_cmp_cells(r["vs_baseline"]),
-                     r["structure"], r["use"], _f(r["snr"], ".2f"), _f(r["occurrences_median"], ",.0f")])
+                     f"{r['loss_mean']:.4f} ± {fmt(r['loss_sd'])} ({r['n']})", *_cmp_cells(r["vs_baseline"]),
+                     r["structure"], r["use"], fmt(r["snr"], ".2f"), fmt(r["occurrences_median"], ",.0f")])
     return head, rows
 
 
 def comparison_table(comps: list[dict]) -> tuple[list[str], list[list[str]]]:
     head = ["comparison", "n", "Δ (B − A)", "95% CI", "p (Holm)", "p TOST (Holm)", "MDE", "gain / added M params",
             "label"]
-    rows = [[f"{c['b']} − {c['a']}", str(c["n"]), _f(c["mean"], "+.4f"),
-             f"[{_f(c['ci_low'], '+.4f')}, {_f(c['ci_high'], '+.4f')}]", _f(c["p_holm"], ".3g"),
-             _f(c["p_tost_holm"], ".3g"), _f(c["mde"]), _f(c.get("gain_per_m_params"), "+.4f"), c["label"]]
+    rows = [[f"{c['b']} − {c['a']}", str(c["n"]), fmt(c["mean"], "+.4f"),
+             f"[{fmt(c['ci_low'], '+.4f')}, {fmt(c['ci_high'], '+.4f')}]", fmt(c["p_holm"], ".3g"),
+             fmt(c["p_tost_holm"], ".3g"), fmt(c["mde"]), fmt(c.get("gain_per_m_params"), "+.4f"), c["label"]]
             for c in comps]
     return head, rows
 
@@ -59,8 +53,8 @@ def early_table(early: dict) -> tuple[list[str], list[list[str]]]:
     head = ["run", "step", "structure", "use", "permute Δ", "CKA", "SNR", "final Δ vs baseline",
             "final Δ vs zeroed table"]
     rows = [[f"{r['arm']}/seed-{r['seed']}", str(r["early_step"]), r["early_structure"], r["early_use"],
-             _f(r["early_use_delta"], "+.4f"), _f(r["early_cka"], ".3f"), _f(r["early_snr"], ".2f"),
-             _f(r["final_delta"], "+.4f"), _f(r.get("vs_zero"), "+.4f")] for r in early["rows"]]
+             fmt(r["early_use_delta"], "+.4f"), fmt(r["early_cka"], ".3f"), fmt(r["early_snr"], ".2f"),
+             fmt(r["final_delta"], "+.4f"), fmt(r.get("vs_zero"), "+.4f")] for r in early["rows"]]
     return head, rows
 
 
@@ -182,14 +176,6 @@ def to_html(blocks_: list[tuple], title: str) -> str:
     return "\n".join(parts) + "</body></html>\n"
 
 
-def _csv(head, rows) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(head)
-    w.writerows(rows)
-    return buf.getvalue()
-
-
 def write_report(root: str | Path) -> list[Path]:
     """Collect, analyse and write ``report/{report.md, report.html, results.csv, runs.csv, results.json}``."""
     root = Path(root)
@@ -202,11 +188,11 @@ def write_report(root: str | Path) -> list[Path]:
     written = [atomic_write(out / "report.md", lambda p: p.write_text(to_markdown(bl, out))),
                atomic_write(out / "report.html", lambda p: p.write_text(to_html(bl, f"plelab dP study {root.name}")))]
     head, rows = results_table(analysis)
-    written.append(atomic_write(out / "results.csv", lambda p: p.write_text(_csv(head, rows))))
+    written.append(atomic_write(out / "results.csv", lambda p: p.write_text(csv_text(head, rows))))
     runs = [[arm, s, f"{r.loss:.6f}", r.tokens_seen, f"{r.wall_seconds:.1f}"]
             for arm, by_seed in res.runs.items() for s, r in sorted(by_seed.items())]
     written.append(atomic_write(out / "runs.csv", lambda p: p.write_text(
-        _csv(["arm", "seed", "loss", "tokens", "wall_seconds"], runs))))
+        csv_text(["arm", "seed", "loss", "tokens", "wall_seconds"], runs))))
     written.append(write_json(out / "results.json", {
         "spec": res.spec.to_dict(), "regime": reg, "analysis": analysis, "accounting": res.accounting,
         "required_seeds_for_delta": required_seeds(analysis, res.spec.delta, res.spec.alpha)}))

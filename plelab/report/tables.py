@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import math
 from collections.abc import Sequence
 
 from plelab.model.accounting import Accounting
@@ -47,3 +50,17 @@ def accounting_tables(preset: str, rows: list[Accounting], shape: str) -> str:
         title="Compute (lookups excluded from FLOPs; the tied LM head counts as a matmul)",
     )
     return "\n\n".join(t for t in (t1, t2 if any(a.dim for a in rows) else "", t3) if t)
+
+
+def fmt(x, spec: str = ".4f") -> str:
+    """``x`` formatted with ``spec``; "—" for a missing or non-finite number."""
+    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def csv_text(head: list[str], rows: list[list]) -> str:
+    """A CSV document (header + rows) as text."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(head)
+    w.writerows(rows)
+    return buf.getvalue()

@@ -9,7 +9,8 @@ import math
 from pathlib import Path
 
 from plelab.io import atomic_write, write_json
-from plelab.report.sweep import _csv, _f, to_html, to_markdown
+from plelab.report.sweep import to_html, to_markdown
+from plelab.report.tables import csv_text, fmt
 from plelab.sweep.results import collect
 from plelab.visual.study import visual_analysis
 
@@ -30,7 +31,7 @@ def visual_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
     con = {c["b"]: c for c in analysis["content_vs_none"]}
     head = ["method", "NMI (ID semantics)", "utilisation", "perplexity", "caption loss", "Δ caption vs none",
             "content-word loss", "Δ content vs none", "template-word loss", "caption loss, image removed"]
-    rows = [[r["method"], _f(r["nmi"], ".3f"), _f(r["utilisation"], ".3f"), _f(r["perplexity"], ".1f"),
+    rows = [[r["method"], fmt(r["nmi"], ".3f"), fmt(r["utilisation"], ".3f"), fmt(r["perplexity"], ".1f"),
              _ms(r["caption"]), _cmp(cap.get(r["method"])), _ms(r["content"]), _cmp(con.get(r["method"])),
              _ms(r["template"]), _ms(r["no_image_caption"])] for r in analysis["rows"]]
     return head, rows
@@ -84,5 +85,5 @@ def write_visual_report(root: str | Path) -> list[Path]:
     return [atomic_write(out / "report.md", lambda p: p.write_text(to_markdown(blocks, out))),
             atomic_write(out / "report.html",
                          lambda p: p.write_text(to_html(blocks, f"plelab visual study {root.name}"))),
-            atomic_write(out / "results.csv", lambda p: p.write_text(_csv(head, rows))),
+            atomic_write(out / "results.csv", lambda p: p.write_text(csv_text(head, rows))),
             write_json(out / "results.json", {"spec": spec.to_dict(), "analysis": analysis})]

@@ -57,14 +57,14 @@ def _paired(res: SweepResults, metric: str) -> list[stats.Comparison]:
     """Every method against ``none`` on ``metric`` (``caption`` = the run's loss, or ``content``)."""
     base, comps = res.spec.baseline, []
     others = [a.name for a in res.spec.arms if a.name != base and a.name in res.runs]
+
+    def value(r):
+        return r.loss if metric == "caption" else r.visual.get(metric, float("nan"))
+
     for arm in others:
         seeds = res.seeds_of(base, arm)
         if not seeds:
             continue
-
-        def value(r):
-            return r.loss if metric == "caption" else r.visual.get(metric, float("nan"))
-
         diffs = [value(res.runs[arm][s]) - value(res.runs[base][s]) for s in seeds]
         comps.append(stats.paired(base, arm, diffs, res.spec.delta, res.spec.alpha, m=len(others)))
     return stats.family(comps, steps=False)
