@@ -105,3 +105,20 @@ def test_frequency_only_agreement_needs_the_matched_null_pair():
     rough = cka_against_null(fake(1, np.sqrt), fake(2, np.sqrt), f)
     pair = cka_against_null(fake(3, np.sqrt), fake(4, np.sqrt), f)["cka"]  # the matched null runs
     assert structure_verdict(rough["cka"], rough["null_mean"], rough["null_sd"], null_run_cka=pair)[0] != LEARNED
+
+
+@pytest.mark.parametrize("seen", [16, 20, 40, 47, 64])
+def test_within_bin_permutation_is_a_permutation_inside_frequency_bins(seen):
+    """Regression: a short last bin used to be merged into the wrong bin (rows duplicated and dropped)."""
+    from plelab.diagnostics.usage import frequency_bins, within_bin_permutation
+
+    counts = np.concatenate([np.zeros(5), np.arange(1, seen + 1)])[np.random.default_rng(0).permutation(seen + 5)]
+    bins = frequency_bins(counts)
+    assert sorted(np.concatenate(bins).tolist()) == list(range(len(counts)))  # each row in exactly one bin
+    assert all(len(b) >= 16 for b in bins if counts[b[0]] > 0) or seen < 16
+    perm = within_bin_permutation(counts, seed=1).numpy()
+    assert sorted(perm.tolist()) == list(range(len(counts)))
+    for b in bins:
+        assert set(perm[b].tolist()) == set(b.tolist())
+    top = np.argsort(counts)[-16:]  # the most frequent rows are shuffled too
+    assert (perm[top] != top).any()

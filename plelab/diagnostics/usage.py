@@ -62,7 +62,8 @@ def frequency_bins(counts: np.ndarray, bin_size: int = 16) -> list[np.ndarray]:
     seen = order[counts[order] > 0]
     bins = [seen[i:i + bin_size] for i in range(0, len(seen), bin_size)]
     if len(bins) > 1 and len(bins[-1]) < bin_size:
-        bins[-2] = np.concatenate([bins[-2], bins.pop()])
+        short = bins.pop()  # popped first: ``bins[-2] = f(bins.pop())`` would assign to the wrong bin
+        bins[-1] = np.concatenate([bins[-1], short])
     return ([unseen] if len(unseen) else []) + bins
 
 
