@@ -116,6 +116,32 @@ def test_metrics_on_controlled_cases():
     assert perplexity(np.zeros(10, dtype=int), 16)["perplexity"] == pytest.approx(1)
 
 
+def test_id_stability_against_chance():
+    from plelab.visual.metrics import id_stability
+
+    a = torch.tensor([0, 1, 2, 3] * 25)
+    assert id_stability(a, a, 4) == {"flip_rate": 0.0, "chance": 0.75, "patches": 100}
+    b = a.clone()
+    b[:10] = (b[:10] + 1) % 4  # 10 known flips, frequencies unchanged
+    out = id_stability(a, b, 4)
+    assert out["flip_rate"] == 0.1 and abs(out["chance"] - 0.75) < 1e-12
+    assert id_stability(torch.zeros(50, dtype=torch.long), torch.zeros(50, dtype=torch.long), 8)["chance"] == 0.0
+
+
+def test_visual_diagnostic_helpers():
+    from plelab.visual.diagnostics import gradient_per_row, paired_change
+
+    base = torch.tensor([[1.0, 1.0, 0.0], [2.0, 2.0, 2.0]])
+    new = torch.tensor([[2.0, 1.0, 5.0], [2.0, 3.0, 2.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # the masked-out 5.0 must not count
+    out = paired_change(base, new, mask)
+    assert out["captions"] == 2 and abs(out["delta"] - (0.5 + 1 / 3) / 2) < 1e-6
+    w = torch.nn.Parameter(torch.zeros(5, 2 * 3))
+    w.grad = torch.zeros(5, 6)
+    w.grad[1, :3], w.grad[3, 3:] = 3.0, 4.0  # row 1 gets a layer-0 gradient, row 3 a layer-1 gradient
+    assert gradient_per_row(w, 2, 3) == pytest.approx([3 ** 0.5 * 3 / 2, 3 ** 0.5 * 4 / 2])
+
+
 def test_offline_ids_and_controls(scenes, tmp_path):
     train, val = scenes
     labels = val.semantic_labels()

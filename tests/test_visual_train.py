@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from plelab.cli import main
 from plelab.config import resolve_config
 from plelab.errors import PlelabError
 from plelab.visual.data import caption_losses, prepare_visual
+from plelab.visual.diagnostics import end_of_run
 from plelab.visual.trainer import SceneSampler, VisualTrainer
 
 VIS = ["visual.enabled=true", "visual.scenes=300", "visual.val_scenes=40", "visual.encoder_steps=30",
@@ -38,6 +40,15 @@ def test_visual_run_trains_resumes_and_reports(tmp_path, capsys):
     assert steps == list(range(1, 31))
     diag = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "diag" in line]
     assert diag and diag[0]["diag"]["snr"][0] > 0  # the live signal probes work on the visual model's LM
+    d = diag[-1]["diag"]  # the gradient per used row reaching each table, per layer
+    assert len(d["grad_row_visual"]) == len(d["grad_row_text"]) == 2 and min(d["grad_row_visual"]) > 0
+    assert vis["id_stability"]["flip_rate"] == 0 and vis["id_stability"]["chance"] > 0.5  # a frozen tokenizer
+    tables = json.loads((out / "summary.json").read_text())["visual"]["tables"]
+    assert set(tables) == {"text", "visual"} and tables["visual"]["rows"] == 64
+    for t in tables.values():
+        assert len(t["layers"]) == 2 and t["null"]["n"] == t["rows_used"] > 0
+        assert t["use_verdict"] in ("USED", "UNUSED", "UNDECIDED")
+        assert {"caption", "content"} <= set(t["use"]["permute"]) and t["use"]["reset"]["caption"]["captions"] == 40
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +117,10 @@ def test_resumed_visual_run_matches_an_uninterrupted_one(prepared, tmp_path):
     rest = VisualTrainer(_cfg("random", extra=["train.checkpoint_every=5"]), prepared["random"], tmp_path / "b",
                          resume=True, progress=False, log=lambda *x: None).fit()
     assert rest.train_losses == whole.train_losses[7:] and rest.val_history[-1] == whole.val_history[-1]
+    summaries = [json.loads((tmp_path / r / "summary.json").read_text())["visual"] for r in "ab"]
+    assert summaries[0]["tables"] == summaries[1]["tables"]  # row counts restored: the same diagnostics
+    assert summaries[0]["id_stability"]["flip_rate"] > 0.5  # random IDs: fresh draws flip at about chance
+    assert abs(summaries[0]["id_stability"]["flip_rate"] - summaries[0]["id_stability"]["chance"]) < 0.03
     other = _cfg("random", extra=["train.checkpoint_every=5", "visual.caption_len=8"])
     with pytest.raises(PlelabError, match="different visual"):
         VisualTrainer(other, prepared["random"], tmp_path / "b", resume=True, progress=False, log=lambda *x: None)
@@ -123,11 +138,18 @@ def test_visual_study_quick_on_the_sweep_engine(tmp_path, capsys):
     out = tmp_path / "vs"
     assert main(["visual-study", "--quick", "--methods", "none,random,oracle", "--out", str(out), "--no-progress"]) == 0
     md = (out / "report" / "report.md").read_text()
-    assert "| oracle | 1.000 |" in md and "content-word loss" in md and "image removed" in md
+    assert "| oracle | 1.000 | 0.000 (" in md and "content-word loss" in md and "image removed" in md
+    assert "the visual table next to the text table" in md and "| oracle | visual | 37 / 64 |" in md
+    assert "## Findings" in md and "visual_contrast.png" in md and (out / "report" / "diagnostics.csv").exists()
     data = json.loads((out / "report" / "results.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert [r["method"] for r in data["analysis"]["rows"]] == ["none", "random", "oracle"]
     assert {c["b"] for c in data["analysis"]["content_vs_none"]} == {"random", "oracle"}
     assert all(c["n"] == 2 for c in data["analysis"]["caption_vs_none"])
+    rows = {(r["method"], r["table"]): r for r in data["analysis"]["tables"]}
+    assert set(rows) == {("none", "text"), ("random", "text"), ("random", "visual"), ("oracle", "text"),
+                         ("oracle", "visual")}
+    assert rows[("random", "visual")]["structure"].startswith("NOT DISTINGUISHABLE")  # the null's Δ: no agreement
+    assert all(math.isfinite(r["cka"]) for r in rows.values())  # cross-seed CKA read from the checkpoints
     assert "data:image/png;base64," in (out / "report" / "report.html").read_text()
     capsys.readouterr()
     assert main(["report", str(out)]) == 0 and "report.html" in capsys.readouterr().out  # dispatches by kind
@@ -143,10 +165,14 @@ def test_oracle_beats_random_ids_on_content_words_when_the_ids_are_the_only_view
     settings = ["visual.enabled=true", "visual.scenes=1000", "visual.val_scenes=200", "visual.features=false",
                 "train.batch_size=32", "model.num_hidden_layers=4", "train.eval_every=1000", "train.diag_every=0",
                 "train.warmup_steps=10", "train.checkpoint_every=0"]
-    content = {}
+    content, tables = {}, {}
     for ids in ("random", "oracle"):
         cfg = resolve_config("cpu-tiny", [*settings, f"visual.ids={ids}"], dp=16, steps=300, seed=0)
         trainer = VisualTrainer(cfg, prepare_visual(cfg), progress=False, log=lambda *x: None)
         trainer.fit()
         content[ids] = trainer.caption_report()["content"]
+        tables[ids] = end_of_run(trainer)["visual"]
     assert content["oracle"] < content["random"] - 0.1, content
+    # the use test sees it too: scrambling the oracle table's rows costs content words, the random one's nothing
+    assert tables["oracle"]["use_verdict"] == "USED" and tables["oracle"]["use"]["permute"]["content"]["delta"] > 0.1
+    assert tables["random"]["use_verdict"] == "UNUSED", tables["random"]["use"]

@@ -77,17 +77,21 @@ def within_bin_permutation(counts: np.ndarray, seed: int = 0, bin_size: int = 16
 
 
 @contextlib.contextmanager
-def table_swapped(model: PLECausalLM, new_weight: torch.Tensor):
-    """Temporarily replace the per-layer table's values."""
-    w = model.model.embed_tokens_per_layer.weight
-    saved = w.detach().clone()
+def weight_swapped(weight: torch.nn.Parameter, values: torch.Tensor):
+    """Temporarily replace a parameter's values (restored on exit, also after an error)."""
+    saved = weight.detach().clone()
     with torch.no_grad():
-        w.copy_(new_weight.to(w.device, w.dtype))
+        weight.copy_(values.to(weight.device, weight.dtype))
     try:
         yield
     finally:
         with torch.no_grad():
-            w.copy_(saved)
+            weight.copy_(saved)
+
+
+def table_swapped(model: PLECausalLM, new_weight: torch.Tensor):
+    """Temporarily replace the per-layer table's values."""
+    return weight_swapped(model.model.embed_tokens_per_layer.weight, new_weight)
 
 
 def use_metrics(model: PLECausalLM, windows: torch.Tensor, w0: torch.Tensor, counts: np.ndarray, batch: int,

@@ -17,7 +17,7 @@ _FAMILY_STYLE = {"dP": ("C0", "o", "main (Gemma)"), "frozen": ("C1", "s", "table
                  "zero": ("C2", "^", "table zeroed"), "matched": ("C3", "D", "scale-matched")}
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,10 +34,10 @@ def _ci(values: list[float]) -> tuple[float, float]:
     return float(v.mean()), float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     fig.tight_layout()
     atomic_write(path, lambda p: fig.savefig(p, dpi=100, format="png"))
-    _plt().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -54,7 +54,7 @@ def _curves(res: SweepResults) -> dict[str, list]:
 
 
 def plot_loss(res: SweepResults, out: Path) -> list[Path]:
-    plt = _plt()
+    plt = pyplot()
     written = []
     for name, xkey, xlabel in (("loss_vs_dp.png", 0, "dP"), ("loss_vs_params.png", 1, "added parameters (M)")):
         fig, ax = plt.subplots(figsize=(6.4, 4))
@@ -70,12 +70,12 @@ def plot_loss(res: SweepResults, out: Path) -> list[Path]:
         ax.set_ylabel(f"validation loss (mean of last {res.spec.last_k} evals)")
         ax.set_title("loss vs " + xlabel.split(" (")[0] + " — mean ± 95% CI over seeds")
         ax.legend(fontsize=8)
-        written.append(_save(fig, out / name))
+        written.append(save_figure(fig, out / name))
     return written
 
 
 def plot_paired(res: SweepResults, analysis: dict, out: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     comps = analysis["vs_baseline"] + [c for c in analysis["controls"]]
     fig, ax = plt.subplots(figsize=(6.4, max(2.4, 0.9 + 0.4 * len(comps))))
     for i, c in enumerate(comps):
@@ -92,11 +92,11 @@ def plot_paired(res: SweepResults, analysis: dict, out: Path) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel("paired Δ loss (nats), 95% CI; dotted: ±δ")
     ax.set_title("paired differences (negative = lower loss)")
-    return _save(fig, out / "paired_delta.png")
+    return save_figure(fig, out / "paired_delta.png")
 
 
 def plot_diagnostics(res: SweepResults, out: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
     for fam, pts in _curves(res).items():
         color, marker, label = _FAMILY_STYLE[fam]
@@ -118,11 +118,11 @@ def plot_diagnostics(res: SweepResults, out: Path) -> Path:
     for ax in axes:
         ax.set_xlabel("dP")
     axes[0].legend(fontsize=7)
-    return _save(fig, out / "diagnostics_vs_dp.png")
+    return save_figure(fig, out / "diagnostics_vs_dp.png")
 
 
 def plot_curves(res: SweepResults, out: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4))
     pts = _curves(res).get("dP", [(0, 0, res.spec.baseline)])
     for i, (x, _, name) in enumerate(pts):
@@ -135,14 +135,14 @@ def plot_curves(res: SweepResults, out: Path) -> Path:
     ax.set_ylabel("validation loss (mean over seeds)")
     ax.set_title("validation curves, main arms")
     ax.legend(fontsize=8)
-    return _save(fig, out / "loss_curves.png")
+    return save_figure(fig, out / "loss_curves.png")
 
 
 def plot_early(analysis: dict, out: Path) -> Path | None:
     rows = analysis["early_vs_final"]["rows"]
     if not rows:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.6, 4))
     colors = {"USED": "C2", "UNUSED": "C3", "UNDECIDED": "C7"}
     for verdict, color in colors.items():
@@ -154,7 +154,7 @@ def plot_early(analysis: dict, out: Path) -> Path | None:
     ax.set_ylabel("final paired gain vs baseline (nats)")
     ax.set_title("does the early verdict predict the result?")
     ax.legend(fontsize=8)
-    return _save(fig, out / "early_vs_final.png")
+    return save_figure(fig, out / "early_vs_final.png")
 
 
 def all_plots(res: SweepResults, analysis: dict, out: Path) -> list[Path]:

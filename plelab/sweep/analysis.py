@@ -43,7 +43,7 @@ def _curve(res: SweepResults, family: str) -> list[str]:
     return [res.spec.baseline] + [a.name for a in arms if a.x > 0]
 
 
-def _counts(values: list[str]) -> str:
+def verdict_counts(values: list[str]) -> str:
     if not values:
         return "—"
     uniq = sorted(set(values), key=values.index)
@@ -78,7 +78,8 @@ def arm_rows(res: SweepResults, vs_base: dict[str, stats.Comparison]) -> list[di
             "added_params": acc["added"], "added_pct": acc["added_pct_of_base"], "n": len(runs),
             "loss_mean": mean, "loss_sd": sd, "losses": {s: r.loss for s, r in runs.items()},
             "vs_baseline": cmp.to_dict() if cmp else None,
-            "structure": _counts([v[0] for v in verdicts]), "use": _counts([v[1] for v in verdicts]),
+            "structure": verdict_counts([v[0] for v in verdicts]),
+            "use": verdict_counts([v[1] for v in verdicts]),
             "snr": sum(snr) / len(snr) if snr else None,
             "occurrences_median": sum(occ) / len(occ) if occ else None,
             "tokens_per_second": sum(r.tokens_per_second for r in runs.values()) / len(runs),

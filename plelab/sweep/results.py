@@ -66,7 +66,8 @@ def _signal(row: dict | None) -> dict:
     return {"step": row["step"], "snr": _mean_layers(d.get("snr")),
             "table_to_proj": _mean_layers(d.get("table_to_proj")),
             "gate": _mean_layers(d.get("gate")), "grad_table": _mean_layers(d.get("grad_table")),
-            "rows_touched": d.get("rows_touched")}
+            "rows_touched": d.get("rows_touched"),
+            **{k: _mean_layers(d[k]) for k in ("grad_row_text", "grad_row_visual") if k in d}}
 
 
 def _checkpoint(path: Path, step: int) -> Path:
@@ -187,7 +188,13 @@ def collect(root: str | Path, structure: bool = True) -> SweepResults:
             continue
         runs.setdefault(job.arm.name, {})[job.seed] = read_run(job, spec.last_k)
         by_arm.setdefault(job.arm.name, []).append(job)
-    if structure and spec.kind == "dp":  # the cross-seed test reads text tables (visual runs: next step)
+    if structure and spec.kind == "visual":  # both tables of every seed's final checkpoint
+        from plelab.visual.diagnostics import cross_seed
+
+        for arm, jobs in by_arm.items():
+            for seed, tables in cross_seed({j.seed: _checkpoint(j.path, j.cfg.train.steps) for j in jobs}).items():
+                runs[arm][seed].structure["final"] = tables
+    if structure and spec.kind == "dp":
         cache: dict = {}
         for arm, jobs in by_arm.items():
             cfg = jobs[0].cfg

@@ -139,6 +139,17 @@ class Trainer:
     def _summary_extra(self) -> dict:
         return {}
 
+    def _checkpoint_extra(self) -> dict[str, torch.Tensor]:
+        """More tensors to save with a checkpoint (``optimizer.safetensors``; restored by ``_restore_extra``)."""
+        return {}
+
+    def _restore_extra(self, saved: dict[str, torch.Tensor]) -> None:
+        pass
+
+    def _live_extra(self) -> dict:
+        """More live diagnostics of a diag step (after backward, before the optimizer step)."""
+        return {}
+
     # ---- run folder, resume ------------------------------------------------------------------
     def _open_run(self, resume: bool) -> None:
         """Check everything first (every rank, nothing written), then rank 0 writes."""
@@ -182,6 +193,7 @@ class Trainer:
                 # this rank continues counting from the global total on rank 0 only, so the sum stays exact
                 if self.dist.is_main:
                     self.rows.counts.copy_(saved_extra["diag.row_counts"].to(self.rows.counts.device))
+            self._restore_extra(saved_extra)
             self.step, self.tokens_seen = state["step"], state["tokens_seen"]
             self.val_history = [tuple(v) for v in state["val_history"]]
             self.recent_losses = list(state["recent_train_losses"])
@@ -200,7 +212,7 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         model_t, opt_t = ckpt.gather_state(self.model, self.opt)  # collective: every rank calls it
-        extra, diagnostics = {}, None
+        extra, diagnostics = self._checkpoint_extra(), None
         if self.rows is not None:
             counts = sum_across_ranks(self.rows.counts, self.dist)
             extra["diag.row_counts"] = counts.cpu()
@@ -247,6 +259,8 @@ class Trainer:
             raise PlelabError(f"the loss became {loss} at step {step + 1}; lower train.lr or check the data "
                               "(the last checkpoint is kept)")
         extra = live_row(first_probe, self.lm, self.rows, self.dist) if diag_step else {}
+        if diag_step:
+            extra["diag"].update(self._live_extra())
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip if tc.grad_clip > 0 else math.inf)
         gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
         self.opt.step()

@@ -10,9 +10,14 @@ paired t + TOST against δ, :mod:`plelab.sweep.stats`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from plelab.diagnostics.verdict import verdict
 from plelab.sweep import stats
+from plelab.sweep.analysis import verdict_counts
 from plelab.sweep.results import SweepResults
 from plelab.sweep.spec import Arm, SweepSpec
 
@@ -70,6 +75,43 @@ def _paired(res: SweepResults, metric: str) -> list[stats.Comparison]:
     return stats.family(comps, steps=False)
 
 
+def _avg(values) -> float:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def table_rows(res: SweepResults) -> list[dict]:
+    """Per method and table (text, visual): the end-of-run diagnostics averaged over seeds, with both
+    verdict axes counted over seeds (STRUCTURE from the cross-seed CKA, USE from the permute test)."""
+    rows = []
+    for arm in res.spec.arms:
+        runs = [r for _, r in sorted(res.runs.get(arm.name, {}).items())]
+        for table in ("text", "visual"):
+            pairs = [(r, d) for r in runs if (d := r.visual.get("tables", {}).get(table)) and d.get("layers")]
+            if not pairs:
+                continue
+            d0 = pairs[0][1]
+            cs = [r.structure.get("final", {}).get(table) or {} for r, _ in pairs]
+            perm = [d["use"]["permute"] for _, d in pairs]
+            verdicts = [verdict(c.get("cka"), c.get("null_mean"), c.get("null_sd"), delta=p["caption"]["delta"],
+                                se=p["caption"]["se"]) for c, p in zip(cs, perm)]
+            rows.append({
+                "method": arm.name, "table": table, "n": len(pairs), "rows": d0["rows"], "dim": d0["dim"],
+                "rows_used": _avg([d["rows_used"] for _, d in pairs]),
+                **{k: _avg([d["wt_mean"][k] for _, d in pairs]) for k in ("mean_cos", "erank_centred", "pc1")},
+                **{f"{k}_null": d0["null"][k] for k in ("mean_cos", "erank_centred", "pc1")},
+                "delta_erank": _avg([d["delta_mean"]["erank_centred"] for _, d in pairs]),
+                "cka": _avg([c.get("cka") for c in cs]), "cka_null": _avg([c.get("null_mean") for c in cs]),
+                "permute_caption": stats.mean_sd([p["caption"]["delta"] for p in perm]),
+                "permute_content": stats.mean_sd([p["content"]["delta"] for p in perm]),
+                "reset_caption": stats.mean_sd([d["use"]["reset"]["caption"]["delta"] for _, d in pairs]),
+                "grad_row": _avg([r.signal.get(f"grad_row_{table}") for r, _ in pairs]),
+                "verdicts": [[v.structure, v.use] for v in verdicts],
+                "structure": verdict_counts([v.structure for v in verdicts]),
+                "use": verdict_counts([v.use for v in verdicts])})
+    return rows
+
+
 def visual_analysis(res: SweepResults) -> dict:
     rows = []
     for arm in res.spec.arms:
@@ -81,9 +123,12 @@ def visual_analysis(res: SweepResults) -> dict:
         def mean(key):
             return stats.mean_sd([r.visual.get(key, float("nan")) for r in runs])
 
+        flips = [r.visual.get("id_stability") or {} for r in runs]
         rows.append({"method": arm.name, "description": arm.description, "n": len(runs),
-                     "nmi": ids.get("nmi"), "utilisation": ids.get("utilisation"), "perplexity": ids.get("perplexity"),
+                     "flip_rate": _avg([f.get("flip_rate") for f in flips]),
+                     "flip_chance": _avg([f.get("chance") for f in flips]), "nmi": ids.get("nmi"),
+                     "utilisation": ids.get("utilisation"), "perplexity": ids.get("perplexity"),
                      "caption": stats.mean_sd([r.loss for r in runs]), "content": mean("content"),
                      "template": mean("template"), "no_image_caption": mean("no_image_caption")})
-    return {"rows": rows, "caption_vs_none": [c.to_dict() for c in _paired(res, "caption")],
+    return {"rows": rows, "tables": table_rows(res), "caption_vs_none": [c.to_dict() for c in _paired(res, "caption")],
             "content_vs_none": [c.to_dict() for c in _paired(res, "content")], "missing": res.missing}

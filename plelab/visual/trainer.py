@@ -13,10 +13,13 @@ from __future__ import annotations
 import torch
 
 from plelab.config.schema import RunConfig
+from plelab.diagnostics.live import RowCounter
 from plelab.model.init import param_seed
 from plelab.train.optim import adamw, optimizer_groups
 from plelab.train.trainer import Trainer, TrainResult
 from plelab.visual.data import VisualData, caption_losses, prepare_visual
+from plelab.visual.diagnostics import COUNT_KEYS, end_of_run, gradient_per_row, table_weights
+from plelab.visual.metrics import id_stability
 from plelab.visual.model import build_visual_model
 from plelab.visual.text import PAD
 
@@ -43,10 +46,15 @@ class SceneSampler:
         return step * batch_size / self.n
 
 
+PROBE_SCENES = 256  # scenes whose patch IDs the stability check looks up twice
+
+
 class VisualTrainer(Trainer):
     def __init__(self, cfg: RunConfig, data: VisualData, run_dir=None, **kw) -> None:
         cfg.validate()  # the visual settings' cross-checks (visual table needs PLE; no text iid ids)
         cfg.model.vocab_size = len(data.vocab)  # the caption vocabulary decides it
+        k = cfg.visual.k if cfg.visual.ids != "none" and cfg.ple.enabled else 0
+        self.visual_rows = RowCounter(k, torch.device("cpu")) if k else None
         super().__init__(cfg, data, run_dir, **kw)
 
     def _build_model(self) -> torch.nn.Module:
@@ -81,13 +89,43 @@ class VisualTrainer(Trainer):
         idx = self.sampler.batch(step, self.cfg.train.batch_size, rows)
         gen = torch.Generator().manual_seed(param_seed(self.cfg.seed, f"vis:{step}:{self.dist.rank}:{micro}"))
         ids = self.data.batch_ids(idx, gen)
+        if self.visual_rows is not None:
+            self.visual_rows.update(ids)
         caps = self.data.train_caps[idx].to(self.device)
         per_token = self.forward(self.data.train_feats[idx].to(self.device),
                                  None if ids is None else ids.to(self.device), caps)
         return per_token.sum() / (caps != PAD).sum()
 
     def _diag_windows(self) -> None:
-        return None  # the checkpoint use test runs on text windows; visual runs have none
+        return None  # the checkpoint use test runs on text windows; visual runs have theirs at the end
+
+    def _checkpoint_extra(self) -> dict[str, torch.Tensor]:
+        return {} if self.visual_rows is None else {COUNT_KEYS["visual"]: self.visual_rows.counts.clone()}
+
+    def _restore_extra(self, saved: dict[str, torch.Tensor]) -> None:
+        if self.visual_rows is not None and COUNT_KEYS["visual"] in saved:
+            self.visual_rows.counts.copy_(saved[COUNT_KEYS["visual"]])
+
+    def _live_extra(self) -> dict:
+        """Mean gradient norm per used row, per layer, arriving at each table (the seed's attenuated path)."""
+        L, dP = self.cfg.model.num_hidden_layers, self.cfg.ple.dim
+        return {f"grad_row_{name}": gradient_per_row(w, L, dP) for name, w in table_weights(self.model).items()}
+
+    def table_counts(self) -> dict:
+        """How often each row of each table was looked up in training."""
+        out = {"text": self.rows.counts.cpu().numpy().astype(float)}
+        if self.visual_rows is not None:
+            out["visual"] = self.visual_rows.counts.numpy().astype(float)
+        return out
+
+    def id_stability(self) -> dict | None:
+        """Flip rate of the IDs two lookups of the same training patches give (0 for a frozen tokenizer)."""
+        if self.visual_rows is None:
+            return None
+        probe = torch.arange(min(PROBE_SCENES, len(self.data.train_caps)))
+        gens = [torch.Generator().manual_seed(param_seed(self.cfg.seed, f"flip{i}")) for i in range(2)]
+        first, second = (self.data.batch_ids(probe, g) for g in gens)
+        return id_stability(first, second, self.cfg.visual.k)
 
     @torch.no_grad()
     def _val_per_token(self, drop_image: bool = False) -> torch.Tensor:
@@ -112,7 +150,8 @@ class VisualTrainer(Trainer):
         return {**with_image, **{f"no_image_{k}": v for k, v in without.items()}}
 
     def _summary_extra(self) -> dict:
-        return {"visual": {"ids": self.cfg.visual.ids, "id_metrics": self.data.id_metrics, **self.caption_report()}}
+        return {"visual": {"ids": self.cfg.visual.ids, "id_metrics": self.data.id_metrics,
+                           "id_stability": self.id_stability(), **self.caption_report(), "tables": end_of_run(self)}}
 
 
 def train_visual(cfg: RunConfig, out_dir=None, progress: bool = True, resume: bool = False, log=print,
