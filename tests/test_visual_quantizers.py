@@ -76,6 +76,7 @@ def test_vq_ema_moves_codes_to_their_mean_and_restarts_dead_codes():
     q.encoder = torch.nn.Identity()
     with torch.no_grad():
         q.codebook.copy_(torch.tensor([[10.0, 10.0], [-10.0, -10.0], [50.0, 50.0], [-50.0, 50.0]]))
+    q.initialised.fill_(True)  # a hand-set codebook: skip the first-batch initialisation
     z = torch.tensor([[9.0, 9.0], [11.0, 12.0], [-9.0, -10.0]])
     ids, losses = q(z)
     assert ids.tolist() == [0, 0, 1]  # IDs from the codebook before the update
@@ -85,6 +86,14 @@ def test_vq_ema_moves_codes_to_their_mean_and_restarts_dead_codes():
     assert all(any(torch.equal(q.codebook[c], row) for row in z) for c in (2, 3))  # restarted from batch vectors
     assert losses["commitment"].item() == pytest.approx(0.25 * F.mse_loss(z, torch.tensor(
         [[10.0, 10.0], [10.0, 10.0], [-10.0, -10.0]])).item())
+
+
+def test_vq_codebook_starts_from_the_first_batch(batch):
+    q = VQQuantizer(D, K, PIX, seed=0)
+    feats, pix = batch
+    ids, _ = q(feats, pix)
+    assert bool(q.initialised) and len(set(ids.tolist())) > K // 2  # most codes in use from the start
+    assert q.restarts == []  # counts start at the batch's mean cluster size: nothing is dead after step 1
 
 
 def test_vq_gradient_codebook_variant_has_a_codebook_loss(batch):

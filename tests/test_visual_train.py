@@ -176,3 +176,23 @@ def test_oracle_beats_random_ids_on_content_words_when_the_ids_are_the_only_view
     # the use test sees it too: scrambling the oracle table's rows costs content words, the random one's nothing
     assert tables["oracle"]["use_verdict"] == "USED" and tables["oracle"]["use"]["permute"]["content"]["delta"] > 0.1
     assert tables["random"]["use_verdict"] == "UNUSED", tables["random"]["use"]
+
+
+def test_table_diagnostics_regenerate_w0_and_decay_exactly(prepared, tmp_path):
+    """Δ = W_t − αW_0 must be exactly 0 on rows never looked up: W_0 regenerated from the names and seed, α
+    from the schedule — also for the visual table when the text table is frozen (no text table group)."""
+    from plelab.visual.diagnostics import initial_tables, load_run_tables
+
+    cfg = _cfg("oracle", steps=12, extra=["train.table_weight_decay=0.1", "ple.table=frozen"])
+    tr = VisualTrainer(cfg, prepared["oracle"], tmp_path / "r", progress=False, log=lambda *x: None)
+    w0 = initial_tables(tr.cfg, tr.model.num_ids)
+    assert torch.equal(w0["visual"], tr.model.visual_embed_tokens_per_layer.weight.detach())
+    assert torch.equal(w0["text"], tr.model.lm.model.embed_tokens_per_layer.weight.detach())
+    tr.fit()
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())["visual"]["tables"]
+    assert set(summary) == {"visual"}  # the frozen text table is not diagnosed, the learned visual one is
+    tables = load_run_tables(tmp_path / "r" / "checkpoints" / "step-000012")
+    delta, counts = tables["visual"]
+    unused = counts == 0
+    assert unused.sum() > 10 and delta[torch.from_numpy(unused)].abs().max() < 1e-6
+    assert delta[torch.from_numpy(~unused)].abs().max() > 1e-3 and "text" not in tables

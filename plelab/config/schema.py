@@ -220,8 +220,9 @@ class DataConfig:
         _require(bool(self.text_field), "data.text_field", self.text_field, "a non-empty field name")
 
 
-VisualIds = Literal["none", "dct-kmeans", "siglip-kmeans", "random", "oracle"]
-VISUAL_IDS: tuple[str, ...] = ("none", "dct-kmeans", "siglip-kmeans", "random", "oracle")
+VisualIds = Literal["none", "dct-kmeans", "siglip-kmeans", "random", "oracle", "vq", "lfq", "bsq"]
+VISUAL_IDS: tuple[str, ...] = ("none", "dct-kmeans", "siglip-kmeans", "random", "oracle", "vq", "lfq", "bsq")
+QUANTIZER_IDS: tuple[str, ...] = ("vq", "lfq", "bsq")
 
 
 @dataclass
@@ -231,7 +232,13 @@ class VisualConfig:
     With ``enabled`` the run trains :class:`plelab.visual.model.VisualPLEModel` on image–caption pairs
     (the embedded scenes, or ``data``) with the caption loss; ``ids`` picks what keys the visual table
     (``none``: no visual table, the baseline; ``random``: i.i.d. draws from dct-kmeans's ID frequencies;
-    ``oracle``: the scenes' patch labels). ``model.vocab_size`` is set from the caption vocabulary.
+    ``oracle``: the scenes' patch labels; ``vq`` / ``lfq`` / ``bsq``: online quantizers of the patch
+    features). ``model.vocab_size`` is set from the caption vocabulary.
+
+    Quantizers train on their own stream of scenes (seeded by ``data_seed``, ``quantizer_batch`` images
+    a step, Adam at ``quantizer_lr``), one step per LM step: with ``online`` the LM's IDs come from the
+    quantizer as it trains (IDs flip); otherwise it is pretrained for ``train.steps`` steps on the same
+    stream and frozen — it ends identical to the online one, so the two arms differ only by the flips.
     """
 
     enabled: bool = False
@@ -250,6 +257,9 @@ class VisualConfig:
     features: bool = True
     # Users' image–caption pairs (.jsonl or a folder); None = the embedded scenes.
     data: str | None = None
+    online: bool = True
+    quantizer_lr: float = 1e-3
+    quantizer_batch: int = 32
 
     def validate(self) -> None:
         _require(self.ids in VISUAL_IDS, "visual.ids", self.ids, " | ".join(VISUAL_IDS))
@@ -262,6 +272,10 @@ class VisualConfig:
                  "oracle only on the embedded scenes (no visual.data) and with visual.k >= 37")
         _require(self.encoder_steps >= 1, "visual.encoder_steps", self.encoder_steps, "an integer >= 1")
         _require(self.caption_len >= 4, "visual.caption_len", self.caption_len, "an integer >= 4")
+        _require(self.ids not in ("lfq", "bsq") or (self.k & (self.k - 1) == 0), "visual.k", self.k,
+                 f"a power of two for visual.ids={self.ids} (K = 2^bits)")
+        _require(self.quantizer_lr > 0, "visual.quantizer_lr", self.quantizer_lr, "a number > 0")
+        _require(self.quantizer_batch >= 1, "visual.quantizer_batch", self.quantizer_batch, "an integer >= 1")
 
 
 SECTIONS: tuple[str, ...] = ("model", "ple", "train", "data", "visual")

@@ -9,10 +9,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from plelab.diagnostics.verdict import LEARNED, NOT_DIST, UNUSED, USED
 from plelab.io import atomic_write, write_json
 from plelab.report.sweep import to_html, to_markdown
 from plelab.report.tables import csv_text, fmt
 from plelab.report.visual_plots import visual_plots
+from plelab.sweep import stats
 from plelab.sweep.results import collect
 from plelab.visual.study import visual_analysis
 
@@ -62,7 +64,25 @@ def diagnostics_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-def findings(analysis: dict, regime: str = "") -> list[str]:
+def quantizer_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
+    """Online vs frozen per quantizer: the flips, and what training on moving IDs cost (online − frozen)."""
+    rows_by = {r["method"]: r for r in analysis["rows"]}
+    cmp = {m: {c["b"]: c for c in comps} for m, comps in analysis.get("online_vs_frozen", {}).items()}
+    head = ["quantizer", "flip rate online (chance)", "of which restart flips", "codes restarted", "flip rate frozen",
+            "NMI online / frozen", "Δ caption online − frozen", "Δ content online − frozen"]
+    rows = []
+    for q in ("vq", "lfq", "bsq"):
+        on, fr = rows_by.get(f"{q}-online"), rows_by.get(f"{q}-frozen")
+        if not on or not fr:
+            continue
+        rows.append([q, _vs_null(on["flip_rate"], on["flip_chance"], ".3f"), fmt(on["restart_flip_rate"], ".3f"),
+                     fmt(on["codes_restarted"], ",.0f"), fmt(fr["flip_rate"], ".3f"),
+                     f"{fmt(on['nmi'], '.3f')} / {fmt(fr['nmi'], '.3f')}",
+                     _cmp(cmp.get("caption", {}).get(f"{q}-online")), _cmp(cmp.get("content", {}).get(f"{q}-online"))])
+    return head, rows
+
+
+def findings(analysis: dict, regime: str = "", features: bool = True) -> list[str]:
     """Plain-language lines: which methods help captions, and what the diagnostics say of each table."""
     out = []
     con = {c["b"]: c for c in analysis["content_vs_none"]}
@@ -79,24 +99,30 @@ def findings(analysis: dict, regime: str = "") -> list[str]:
         grads = [t["grad_row"] for t in (vis, txt) if t]
         if len(grads) == 2 and all(g is not None and math.isfinite(g) and g > 0 for g in grads):
             line += (f"; gradient per used row {vis['grad_row']:.1e} vs the text table's {txt['grad_row']:.1e} "
-                     f"(visual/text {vis['grad_row'] / txt['grad_row']:.2f})")
+                     f"(visual/text {vis['grad_row'] / txt['grad_row']:.2f}; one step, before clipping, rows "
+                     "looked up more often get more)")
         out.append(line)
-        if vis and vis["use"].startswith("USED") and c["ci_low"] is not None and c["ci_high"] > 0:
-            out.append(f"**{r['method']}**: the model reads its visual table (scrambling the rows costs "
-                       f"{vis['permute_content'][0]:.3f} nats on content words) but having the table does not "
-                       "measurably lower the content-word loss against no table: reliance is not benefit (the "
-                       "continuous features carry the same facts; part 3's ablation withholds them)")
+        all_used = vis is not None and vis["verdicts"] and all(u == "USED" for _, u in vis["verdicts"])
+        if all_used and c["ci_low"] is not None and c["ci_high"] > 0:
+            why = ("the continuous features may carry the same facts; part 3's ablation withholds them"
+                   if features else "the features are withheld here, so the IDs are the image's only view")
+            out.append(f"**{r['method']}**: the model reads its visual table in every seed (scrambling the rows "
+                       f"costs {vis['permute_content'][0]:.3f} nats on content words) but having the table does not "
+                       f"measurably lower the content-word loss against no table: reliance is not benefit ({why})")
     real = [t for t in analysis["tables"] if t["table"] == "visual" and t["method"] not in ("random", "oracle")]
     if real:
         verdicts = [v for t in real for v in t["verdicts"]]
         learned, used = sum(s == "LEARNED" for s, _ in verdicts), sum(u == "USED" for _, u in verdicts)
         runs = len(verdicts)
         cap = {c["b"]: c for c in analysis["caption_vs_none"]}
-        significant = [m for m in (t["method"] for t in real) if cap.get(m, {}).get("label", "").startswith("sig")]
-        dead = learned == 0 and used == 0
+        significant = [m for m in (t["method"] for t in real)
+                       if cap.get(m, {}).get("label") in (stats.DROP, stats.SMALL_DROP)]
+        dead = all(s == NOT_DIST and u == UNUSED for s, u in verdicts)
+        alive = any(s == LEARNED or u == USED for s, u in verdicts)
+        outcome = "reproduces" if dead else "does not reproduce" if alive else "is undecided (no verdict either way)"
         out.append(f"The seed's finding for every tokenizer — a visual table indistinguishable from random (cos ≈ 0, "
                    f"erank 255.1/256, PC1 ≈ random) and a text loss that moves in the third decimal — "
-                   f"{'reproduces' if dead else 'does not reproduce'} here for the dead-table part: over the real "
+                   f"{outcome} here for the dead-table part: over the real "
                    f"tokenizers ({', '.join(t['method'] for t in real)}) the visual table is LEARNED in "
                    f"{learned}/{runs} runs and USED in {used}/{runs}; the caption loss improves significantly "
                    "(after Holm) for "
@@ -115,8 +141,7 @@ def write_visual_report(root: str | Path) -> list[Path]:
     patches = (v["image_size"] // v["patch"]) ** 2
     regime = (f"each of K={v['k']} IDs is looked up ≈ {t['steps'] * t['batch_size'] * patches / v['k']:,.0f} times "
               f"in training ({t['steps']} steps × {t['batch_size']} images × {patches} patches), with dP="
-              f"{cfg['ple']['dim']} and {cfg['model']['num_hidden_layers']} layers — far more uses per row and far "
-              "smaller tables than the seed's")
+              f"{cfg['ple']['dim']} and {cfg['model']['num_hidden_layers']} layers")
     blocks = [("h1", f"plelab visual study — {root.name}"),
               ("p", f"Preset {spec.preset}, dP={cfg['ple']['dim']}, K={v['k']} visual IDs, "
                     f"{v['scenes']} training scenes ({v['image_size']}² px, {v['patch']}² patches), "
@@ -126,17 +151,26 @@ def write_visual_report(root: str | Path) -> list[Path]:
                     f"{spec.delta} nats; labels after Holm over the methods."),
               ("h2", "Results"), ("table", *visual_table(analysis)),
               ("p", "NMI is computed on held-out patches against the generator's labels (colour × shape × size); "
-                    "ID flips: how often two lookups of the same training patches give different IDs (a frozen "
-                    "tokenizer: 0; random IDs: fresh draws, at chance). The caption loss with the image removed "
+                    "ID flips: for quantizers, a fixed probe set's flip rate between evaluations; for the others, "
+                    "between two lookups of the same training patches (a fixed tokenizer: 0; random IDs: fresh "
+                    "draws, at chance). The caption loss with the image removed "
                     "shows how much the image helps at all."),
-              ("h2", "Findings"), ("ul", findings(analysis, regime)),
+              ("h2", "Findings"), ("ul", findings(analysis, regime, v["features"])),
+              *([("h2", "Online vs frozen quantizers: the cost of ID flips"), ("table", *quantizer_table(analysis)),
+                 ("p", "Each quantizer trains on its own scene stream (data seed) one step per LM step; the frozen arm "
+                       "was pretrained for the same steps on the same stream, so both end with the same quantizer "
+                       "and the difference is what training the table on moving IDs cost. Flip rate: a fixed probe "
+                       "set's IDs between consecutive evaluations, mean over intervals; restart flips involve a "
+                       "code re-initialised by a dead-code restart.")] if quantizer_table(analysis)[1] else []),
               ("h2", f"Diagnostics at step {t['steps']}: the visual table next to the text table"),
               ("table", *diagnostics_table(analysis)),
               ("p", "W_t metrics on the used rows, mean over layers and seeds, with a same-shape Gaussian sample in "
                     "brackets. STRUCTURE: cross-seed CKA of Δ = W_t − αW_0 against rows permuted within frequency "
                     "bins (LEARNED needs CKA > null + 4 sd and ≥ 0.10). USE: caption-loss change when the table's "
                     "rows are permuted within frequency bins (USED: Δ − 4 se > 0 and Δ ≥ 0.005 nats); verdicts "
-                    "counted over seeds. Gradient per used row: the last live diagnostics step's, mean over layers."),
+                    "counted over seeds (STRUCTURE pairs each seed with the next, cyclically: with 2 seeds "
+                    "both count the same pair). Gradient per used row: the last live diagnostics step's, mean over "
+                    "layers."),
               *[("img", p) for p in plots]]
     if res.missing:
         blocks.insert(2, ("p", f"**{len(res.missing)} run(s) unfinished**: rerun the study to finish them."))

@@ -141,7 +141,7 @@ def load_model_weights(model: torch.nn.Module, ckpt: Path) -> None:
 
 
 def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path) -> dict:
-    """Restore AdamW moments and step counts, and the RNG states. Returns the extra ``diag.*`` tensors."""
+    """Restore AdamW moments and step counts, and the RNG states. Returns the other (extra) tensors."""
     tensors = _load_tensors(Path(ckpt) / "optimizer.safetensors")
     osd = get_optimizer_state_dict(model, opt, options=_FULL_ALL_RANKS)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
@@ -163,4 +163,5 @@ def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, ckp
         torch.set_rng_state(tensors["rng.torch_cpu"])
     if "rng.cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["rng.cuda"])
-    return {k: v for k, v in tensors.items() if k.startswith("diag.")}
+    moments = {f"{n}.{k}" for n in names for k in ("step", "exp_avg", "exp_avg_sq")}
+    return {k: v for k, v in tensors.items() if k not in moments and not k.startswith("rng.")}

@@ -143,8 +143,12 @@ class Trainer:
         """More tensors to save with a checkpoint (``optimizer.safetensors``; restored by ``_restore_extra``)."""
         return {}
 
-    def _restore_extra(self, saved: dict[str, torch.Tensor]) -> None:
-        pass
+    def _state_extra(self) -> dict:
+        """More JSON state to save with a checkpoint (``state.json``, key ``extra``)."""
+        return {}
+
+    def _restore_extra(self, saved: dict[str, torch.Tensor], state: dict) -> None:
+        """Restore what ``_checkpoint_extra`` (tensors) and ``_state_extra`` (``state["extra"]``) saved."""
 
     def _live_extra(self) -> dict:
         """More live diagnostics of a diag step (after backward, before the optimizer step)."""
@@ -193,7 +197,7 @@ class Trainer:
                 # this rank continues counting from the global total on rank 0 only, so the sum stays exact
                 if self.dist.is_main:
                     self.rows.counts.copy_(saved_extra["diag.row_counts"].to(self.rows.counts.device))
-            self._restore_extra(saved_extra)
+            self._restore_extra(saved_extra, state.get("extra", {}))
             self.step, self.tokens_seen = state["step"], state["tokens_seen"]
             self.val_history = [tuple(v) for v in state["val_history"]]
             self.recent_losses = list(state["recent_train_losses"])
@@ -224,7 +228,8 @@ class Trainer:
                 "tokens_seen": self.tokens_seen, "val_history": self.val_history, "config": self.cfg.to_dict(),
                 "recent_train_losses": self.recent_losses, "table_decay_alpha": self.table_alpha,
                 "wall_seconds": self.wall_before + self._elapsed(), "corpus_fingerprint": self.data.corpus_fingerprint,
-                "world_size": self.dist.world_size}, keep=self.cfg.train.keep_checkpoints, extra_tensors=extra,
+                "world_size": self.dist.world_size, "extra": self._state_extra()},
+                keep=self.cfg.train.keep_checkpoints, extra_tensors=extra,
                 diagnostics=diagnostics, protect=self.cfg.train.early_checkpoint)
         barrier(self.dist)
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from plelab.config.schema import RunConfig
+from plelab.config.schema import QUANTIZER_IDS, RunConfig
 from plelab.errors import PlelabError
+from plelab.model.init import param_seed
 from plelab.visual.scenes import SceneSet, fingerprint, generate_scenes
 from plelab.visual.text import PAD, WordVocab
 
@@ -36,6 +37,9 @@ class VisualData:
     corpus_fingerprint: str
     id_metrics: dict = field(default_factory=dict)
     random_probs: torch.Tensor | None = None  # ids=random: the frequencies every occurrence is drawn from
+    val_labels: np.ndarray | None = None  # [N, P] ground-truth patch labels of the validation scenes (NMI)
+    train_pixels: torch.Tensor | None = None  # ids=vq/lfq/bsq: [N, P, patch²·3] reconstruction targets
+    quantizer: object | None = None  # ids=vq/lfq/bsq with visual.online=false: the pretrained, frozen quantizer
 
     @property
     def num_patches(self) -> int:
@@ -58,6 +62,28 @@ class VisualData:
         p = np.bincount(tokens, minlength=vocab_size).astype(np.float64)
         p = p[p > 0] / p.sum()
         return float(-(p * np.log(p)).sum())
+
+
+class SceneSampler:
+    """A fresh permutation of the training scenes every epoch, from the run seed (one cached at a time)."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+        self._epoch, self._perm = -1, None
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if epoch != self._epoch:
+            gen = torch.Generator().manual_seed(param_seed(self.seed, f"e{epoch}"))
+            self._epoch, self._perm = epoch, torch.randperm(self.n, generator=gen)
+        return self._perm
+
+    def batch(self, step: int, batch_size: int, rows: slice = slice(None)) -> torch.Tensor:
+        positions = range(step * batch_size, (step + 1) * batch_size)[rows]
+        return torch.tensor([int(self._permutation(pos // self.n)[pos % self.n]) for pos in positions],
+                            dtype=torch.long)
+
+    def epochs(self, step: int, batch_size: int) -> float:
+        return step * batch_size / self.n
 
 
 def _scenes(cfg: RunConfig) -> tuple[SceneSet, SceneSet]:
@@ -108,17 +134,29 @@ def prepare_visual(cfg: RunConfig, log=None) -> VisualData:
         method = FeatureKMeans(v.k, encode).fit(train, v.data_seed)
     elif v.ids == "oracle":
         method = OracleIDs(v.k).fit(train)
-    train_ids = val_ids = None
+    train_ids = val_ids = train_pixels = quantizer = None
+    val_labels = val.semantic_labels() if val.has_labels else None
+    if v.ids in QUANTIZER_IDS:
+        from plelab.visual.online import patch_pixels, pretrained_frozen
+
+        train_pixels = patch_pixels(train.images, v.patch)
+        if not v.online:
+            quantizer = pretrained_frozen(cfg, train_feats, train_pixels)
+            train_ids, val_ids = (quantizer.assign(f.flatten(0, 1)).view(f.shape[:2]) for f in (train_feats, val_feats))
+            metrics = id_report(val_ids, v.k, val_labels)
     if method is not None:
         train_ids, val_ids = method.assign(train), method.assign(val)
         if v.ids == "random":
             rnd = RandomIDs(method).fit(train)
             random_probs, val_ids = rnd.probs, rnd.assign(val, seed=v.data_seed)
-        metrics = id_report(val_ids, v.k, val.semantic_labels() if val.has_labels else None)
-    key = hashlib.sha256(f"{fingerprint(train)}:{fingerprint(val)}:{v.ids}:{v.k}:{v.encoder_steps}:{length}:"
+        metrics = id_report(val_ids, v.k, val_labels)
+    ids_key = f"{v.ids}:{v.k}" + (f":{v.online}:{v.quantizer_lr}:{v.quantizer_batch}" if v.ids in QUANTIZER_IDS else "")
+    ids_key += f":{cfg.train.steps}" if quantizer is not None else ""  # the frozen quantizer depends on it
+    key = hashlib.sha256(f"{fingerprint(train)}:{fingerprint(val)}:{ids_key}:{v.encoder_steps}:{length}:"
                          f"{v.features}".encode())
     return VisualData(vocab, train_feats, val_feats, torch.from_numpy(train_caps), torch.from_numpy(val_caps),
-                      torch.from_numpy(val_content), train_ids, val_ids, key.hexdigest(), metrics, random_probs)
+                      torch.from_numpy(val_content), train_ids, val_ids, key.hexdigest(), metrics, random_probs,
+                      val_labels, train_pixels, quantizer)
 
 
 def caption_losses(per_token: torch.Tensor, caps: torch.Tensor, content: torch.Tensor) -> dict:

@@ -78,8 +78,10 @@ def paired_change(base: torch.Tensor, new: torch.Tensor, mask: torch.Tensor) -> 
     return {"delta": float(diff.mean()) if n else math.nan, "se": se, "captions": n}
 
 
-def table_weights(model) -> dict[str, torch.nn.Parameter]:
-    out = {"text": model.lm.model.embed_tokens_per_layer.weight}
+def table_weights(model, learned_only: bool = False) -> dict[str, torch.nn.Parameter]:
+    """The run's per-layer tables by name (``learned_only``: leave out a frozen or zeroed text table)."""
+    text = model.lm.model.embed_tokens_per_layer.weight
+    out = {} if learned_only and model.lm.pc.table != "learned" else {"text": text}
     if model.num_ids:
         out["visual"] = model.visual_embed_tokens_per_layer.weight
     return out
@@ -89,7 +91,7 @@ def table_weights(model) -> dict[str, torch.nn.Parameter]:
 def end_of_run(trainer) -> dict:
     """Structure and use of each table of a finished :class:`~plelab.visual.trainer.VisualTrainer` run."""
     cfg, data = trainer.cfg, trainer.data
-    if not cfg.ple.enabled or cfg.ple.table != "learned":
+    if not cfg.ple.enabled:
         return {}
     L, dP = cfg.model.num_hidden_layers, cfg.ple.dim
     caps = data.val_caps
@@ -99,10 +101,11 @@ def end_of_run(trainer) -> dict:
     w0s = initial_tables(cfg, trainer.model.num_ids)
     counts = trainer.table_counts()
     out = {}
-    for name, weight in table_weights(trainer.model).items():
+    alpha = decay_alpha(cfg, trainer.step)
+    for name, weight in table_weights(trainer.model, learned_only=True).items():
         wt = weight.detach().float().cpu()
         c = counts[name]
-        report = structure_stats(wt, wt - trainer.table_alpha * w0s[name], c, L, dP)
+        report = structure_stats(wt, wt - alpha * w0s[name], c, L, dP)
         perm = within_bin_permutation(c, seed=cfg.seed)
         report["use"] = {}
         for kind, values in (("permute", wt[perm]), ("reset", w0s[name])):
@@ -113,6 +116,13 @@ def end_of_run(trainer) -> dict:
         report["use_verdict"] = use_verdict(p["delta"], p["se"])[0]
         out[name] = report
     return out
+
+
+def decay_alpha(cfg: RunConfig, steps: int) -> float:
+    """α = Π_s (1 − lr_s·wd) after ``steps``: both tables' groups share the table learning rate and decay."""
+    from plelab.diagnostics.diagnose import weight_decay_shrink
+
+    return weight_decay_shrink(cfg, steps)
 
 
 def gradient_per_row(weight: torch.nn.Parameter, num_layers: int, dim: int) -> list[float | None]:
@@ -135,12 +145,16 @@ def load_run_tables(ckpt: Path) -> dict[str, tuple[torch.Tensor, np.ndarray]]:
 
     state = read_state(ckpt, for_resume=False)
     cfg = RunConfig.from_dict(state["config"])
-    alpha = state.get("table_decay_alpha", 1.0)
+    alpha = decay_alpha(cfg, state["step"])
+    learned = {"text"} if cfg.ple.table == "learned" else set()
     with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
-        weights = {name: f.get_tensor(key).float() for name, key in TABLES.items() if key in f.keys()}
+        weights = {name: f.get_tensor(key).float() for name, key in TABLES.items()
+                   if key in f.keys() and (name in learned or name == "visual")}
     with safe_open(str(ckpt / "optimizer.safetensors"), framework="pt") as f:
         counts = {name: f.get_tensor(key).numpy().astype(np.float64) for name, key in COUNT_KEYS.items()
                   if key in f.keys()}
+    if "text" in counts:
+        counts["text"][PAD] = 0  # <pad> is looked up at every padded position but gets no gradient
     k = len(weights["visual"]) if "visual" in weights else 0
     w0s = initial_tables(cfg, k)
     return {name: (w - alpha * w0s[name], counts[name]) for name, w in weights.items() if name in counts}

@@ -11,7 +11,8 @@ is what to backpropagate):
 - VQ-VAE (§1.1): ``k* = argmin_k ‖z − e_k‖²``; commitment ``β·‖z − sg[e_k*]‖²`` (β = 0.25); the
   codebook by EMA (γ = 0.99, Laplace ε = 1e-5; no codebook loss) or by the codebook loss
   ``‖sg[z] − e_k*‖²``; dead codes (EMA count < ``restart_threshold``) restarted from batch vectors,
-  every event logged in ``restarts``. IDs are computed with the codebook *before* the step's update.
+  every event logged in ``restarts``; the codebook is initialised from the first training batch. IDs are
+  computed with the codebook *before* the step's update.
 - LFQ (§1.2): d = log2 K bits, ``q_i = +1 if z_i > 0 else −1``, index big-endian
   ``Σ_i 2^{d−1−i}·1[z_i > 0]``; entropy ``w·(H_sample − γ·H_codebook)`` over soft assignments to all
   2^d corners with logits ``2·z·c / τ`` (τ = 0.01, w = 0.1, γ = 1); commitment 0.25.
@@ -113,10 +114,26 @@ class VQQuantizer(OnlineQuantizer):
             self.register_buffer("embed_sum", init.clone())
         else:
             self.codebook = nn.Parameter(init)
+        self.register_buffer("initialised", torch.tensor(False))
         self.restart_gen = torch.Generator().manual_seed(seed + 1)
         self.restarts: list[tuple[int, list[int]]] = []  # (step, restarted code IDs)
 
+    @torch.no_grad()
+    def _init_from(self, z: torch.Tensor) -> None:
+        """First training batch: codes = K distinct batch vectors, counts = the batch's mean cluster size
+        (a Gaussian codebook far from the encoder's outputs would leave most codes dead, and restart
+        them all on the first step)."""
+        pick = torch.randperm(len(z), generator=self.restart_gen)[:self.k]
+        pick = pick.repeat(math.ceil(self.k / len(pick)))[:self.k]
+        self.codebook.data.copy_(z[pick])
+        if self.ema:
+            self.cluster_size.fill_(len(z) / self.k)
+            self.embed_sum.copy_(z[pick] * len(z) / self.k)
+        self.initialised.fill_(True)
+
     def quantize(self, z):
+        if self.training and not bool(self.initialised):
+            self._init_from(z.detach())
         codebook = self.codebook
         dist = (z.detach().pow(2).sum(1, keepdim=True) - 2 * z.detach() @ codebook.detach().T
                 + codebook.detach().pow(2).sum(1))

@@ -1,9 +1,12 @@
 """The visual study on the sweep engine: one arm per way of keying the visual table, × seeds, paired.
 
 Arms (``visual.ids``): ``none`` (no visual table: the baseline), ``dct-kmeans``, ``siglip-kmeans``,
-``random`` (a null: i.i.d. IDs with dct-kmeans's frequencies) and ``oracle`` (the scenes' patch
-labels: a positive control). Every arm of a seed shares the data, the frozen encoder, the LM's
-initial weights and the batch order, so caption-loss differences are paired. The analysis compares
+``random`` (a null: i.i.d. IDs with dct-kmeans's frequencies), ``oracle`` (the scenes' patch
+labels: a positive control), and each online quantizer twice — ``vq-online`` / ``vq-frozen`` (and
+lfq, bsq): trained during the run, or pretrained on the same stream and frozen, so that the harm
+done by ID flips is separated from the missing loss-side pressure. Every arm of a seed shares the
+data, the frozen encoder, the LM's initial weights and the batch order, so caption-loss differences
+are paired. The analysis compares
 every arm with ``none`` on the caption loss and on the content-word loss (Holm within each family,
 paired t + TOST against δ, :mod:`plelab.sweep.stats`).
 """
@@ -15,16 +18,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from plelab.diagnostics.verdict import verdict
+from plelab.config.schema import QUANTIZER_IDS
+from plelab.diagnostics.verdict import structure_verdict
 from plelab.sweep import stats
 from plelab.sweep.analysis import verdict_counts
 from plelab.sweep.results import SweepResults
 from plelab.sweep.spec import Arm, SweepSpec
 
-METHODS = ("none", "dct-kmeans", "siglip-kmeans", "random", "oracle")
+OFFLINE = ("none", "dct-kmeans", "siglip-kmeans", "random", "oracle")
+ONLINE = tuple(f"{q}-{mode}" for q in QUANTIZER_IDS for mode in ("online", "frozen"))
+METHODS = OFFLINE + ONLINE
 DESCRIPTIONS = {"none": "no visual table (baseline)", "dct-kmeans": "DCT + K-means (offline)",
                 "siglip-kmeans": "SigLIP-feature K-means (offline)", "random": "random IDs (null control)",
-                "oracle": "patch labels (positive control)"}
+                "oracle": "patch labels (positive control)",
+                **{f"{q}-online": f"{q.upper()} trained during the run (IDs flip)" for q in QUANTIZER_IDS},
+                **{f"{q}-frozen": f"{q.upper()} pretrained, then frozen (no flips)" for q in QUANTIZER_IDS}}
+
+
+def method_overrides(method: str) -> list[str]:
+    """The config overrides of one study arm: ``vq-online`` -> ``visual.ids=vq``, ``visual.online=true``."""
+    if method in ONLINE:
+        kind, mode = method.split("-")
+        return [f"visual.ids={kind}", f"visual.online={'true' if mode == 'online' else 'false'}"]
+    return [f"visual.ids={method}"]
 
 
 @dataclass
@@ -51,11 +67,15 @@ VISUAL_PROFILES = {
 
 def visual_spec(profile: str, methods=METHODS, dp: int = 16, seeds: int | None = None) -> SweepSpec:
     prof = VISUAL_PROFILES[profile]
-    arms = [Arm(m, [f"visual.ids={m}"], family="visual" if m != "none" else "baseline", x=i,
+    arms = [Arm(m, method_overrides(m), family="visual" if m != "none" else "baseline", x=i,
                 description=DESCRIPTIONS[m])
             for i, m in enumerate(methods)]
     return SweepSpec(preset=prof.preset, overrides=["visual.enabled=true", f"ple.dim={dp}", *prof.overrides], arms=arms,
                      seeds=list(range(seeds or prof.seeds)), steps=prof.steps, kind="visual", baseline="none")
+
+
+def _metric(run, metric: str) -> float:
+    return run.loss if metric == "caption" else run.visual.get(metric, float("nan"))
 
 
 def _paired(res: SweepResults, metric: str) -> list[stats.Comparison]:
@@ -63,14 +83,11 @@ def _paired(res: SweepResults, metric: str) -> list[stats.Comparison]:
     base, comps = res.spec.baseline, []
     others = [a.name for a in res.spec.arms if a.name != base and a.name in res.runs]
 
-    def value(r):
-        return r.loss if metric == "caption" else r.visual.get(metric, float("nan"))
-
     for arm in others:
         seeds = res.seeds_of(base, arm)
         if not seeds:
             continue
-        diffs = [value(res.runs[arm][s]) - value(res.runs[base][s]) for s in seeds]
+        diffs = [_metric(res.runs[arm][s], metric) - _metric(res.runs[base][s], metric) for s in seeds]
         comps.append(stats.paired(base, arm, diffs, res.spec.delta, res.spec.alpha, m=len(others)))
     return stats.family(comps, steps=False)
 
@@ -93,8 +110,8 @@ def table_rows(res: SweepResults) -> list[dict]:
             d0 = pairs[0][1]
             cs = [r.structure.get("final", {}).get(table) or {} for r, _ in pairs]
             perm = [d["use"]["permute"] for _, d in pairs]
-            verdicts = [verdict(c.get("cka"), c.get("null_mean"), c.get("null_sd"), delta=p["caption"]["delta"],
-                                se=p["caption"]["se"]) for c, p in zip(cs, perm)]
+            structure = [structure_verdict(c.get("cka"), c.get("null_mean"), c.get("null_sd"))[0] for c in cs]
+            verdicts = [(st, d["use_verdict"]) for st, (_, d) in zip(structure, pairs)]
             rows.append({
                 "method": arm.name, "table": table, "n": len(pairs), "rows": d0["rows"], "dim": d0["dim"],
                 "rows_used": _avg([d["rows_used"] for _, d in pairs]),
@@ -106,9 +123,8 @@ def table_rows(res: SweepResults) -> list[dict]:
                 "permute_content": stats.mean_sd([p["content"]["delta"] for p in perm]),
                 "reset_caption": stats.mean_sd([d["use"]["reset"]["caption"]["delta"] for _, d in pairs]),
                 "grad_row": _avg([r.signal.get(f"grad_row_{table}") for r, _ in pairs]),
-                "verdicts": [[v.structure, v.use] for v in verdicts],
-                "structure": verdict_counts([v.structure for v in verdicts]),
-                "use": verdict_counts([v.use for v in verdicts])})
+                "verdicts": [list(v) for v in verdicts], "structure": verdict_counts(structure),
+                "use": verdict_counts([u for _, u in verdicts])})
     return rows
 
 
@@ -126,9 +142,27 @@ def visual_analysis(res: SweepResults) -> dict:
         flips = [r.visual.get("id_stability") or {} for r in runs]
         rows.append({"method": arm.name, "description": arm.description, "n": len(runs),
                      "flip_rate": _avg([f.get("flip_rate") for f in flips]),
-                     "flip_chance": _avg([f.get("chance") for f in flips]), "nmi": ids.get("nmi"),
+                     "flip_chance": _avg([f.get("chance") for f in flips]),
+                     "restart_flip_rate": _avg([f.get("restart_flip_rate") for f in flips]),
+                     "codes_restarted": _avg([f.get("codes_restarted") for f in flips]), "nmi": ids.get("nmi"),
                      "utilisation": ids.get("utilisation"), "perplexity": ids.get("perplexity"),
                      "caption": stats.mean_sd([r.loss for r in runs]), "content": mean("content"),
                      "template": mean("template"), "no_image_caption": mean("no_image_caption")})
     return {"rows": rows, "tables": table_rows(res), "caption_vs_none": [c.to_dict() for c in _paired(res, "caption")],
-            "content_vs_none": [c.to_dict() for c in _paired(res, "content")], "missing": res.missing}
+            "content_vs_none": [c.to_dict() for c in _paired(res, "content")],
+            "online_vs_frozen": {m: [c.to_dict() for c in online_vs_frozen(res, m)] for m in ("caption", "content")},
+            "missing": res.missing}
+
+
+def online_vs_frozen(res: SweepResults, metric: str) -> list[stats.Comparison]:
+    """Per quantizer: online − frozen on ``metric``, paired by seed (Holm over the quantizers). Both arms
+    end with the same quantizer, so the difference is what training on moving IDs cost."""
+    pairs = [(f"{q}-frozen", f"{q}-online") for q in QUANTIZER_IDS
+             if f"{q}-frozen" in res.runs and f"{q}-online" in res.runs]
+    comps = []
+    for frozen, online in pairs:
+        seeds = res.seeds_of(frozen, online)
+        if seeds:
+            diffs = [_metric(res.runs[online][s], metric) - _metric(res.runs[frozen][s], metric) for s in seeds]
+            comps.append(stats.paired(frozen, online, diffs, res.spec.delta, res.spec.alpha, m=len(pairs)))
+    return stats.family(comps, steps=False)

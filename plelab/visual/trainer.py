@@ -6,45 +6,30 @@ caption CE → mean over real tokens → backward → AdamW (the LM's groups, th
 decay, the visual table with the table learning rate and no decay). Validation: the mean caption
 loss on the validation scenes; at the end the summary also gets the loss on content and template
 words and with the image removed.
+
+With an online quantizer (``visual.ids`` vq / lfq / bsq, ``visual.online``) the step's IDs come from
+the quantizer as it is, then the quantizer takes its own update (:mod:`plelab.visual.online`); the
+validation IDs are re-assigned at every evaluation, where the flip meter also records the probe
+set's IDs (a frozen quantizer is metered the same way and must measure 0).
 """
 
 from __future__ import annotations
 
 import torch
 
-from plelab.config.schema import RunConfig
+from plelab.config.schema import QUANTIZER_IDS, RunConfig
 from plelab.diagnostics.live import RowCounter
+from plelab.errors import PlelabError
 from plelab.model.init import param_seed
 from plelab.train.optim import adamw, optimizer_groups
 from plelab.train.trainer import Trainer, TrainResult
-from plelab.visual.data import VisualData, caption_losses, prepare_visual
+from plelab.visual.data import SceneSampler, VisualData, caption_losses, prepare_visual
 from plelab.visual.diagnostics import COUNT_KEYS, end_of_run, gradient_per_row, table_weights
-from plelab.visual.metrics import id_stability
+from plelab.visual.flips import FlipMeter
+from plelab.visual.metrics import id_report, id_stability
 from plelab.visual.model import build_visual_model
+from plelab.visual.online import QuantizerTrainer
 from plelab.visual.text import PAD
-
-
-class SceneSampler:
-    """A fresh permutation of the training scenes every epoch, from the run seed (one cached at a time)."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed = n, seed
-        self._epoch, self._perm = -1, None
-
-    def _permutation(self, epoch: int) -> torch.Tensor:
-        if epoch != self._epoch:
-            gen = torch.Generator().manual_seed(param_seed(self.seed, f"e{epoch}"))
-            self._epoch, self._perm = epoch, torch.randperm(self.n, generator=gen)
-        return self._perm
-
-    def batch(self, step: int, batch_size: int, rows: slice = slice(None)) -> torch.Tensor:
-        positions = range(step * batch_size, (step + 1) * batch_size)[rows]
-        return torch.tensor([int(self._permutation(pos // self.n)[pos % self.n]) for pos in positions],
-                            dtype=torch.long)
-
-    def epochs(self, step: int, batch_size: int) -> float:
-        return step * batch_size / self.n
-
 
 PROBE_SCENES = 256  # scenes whose patch IDs the stability check looks up twice
 
@@ -55,7 +40,26 @@ class VisualTrainer(Trainer):
         cfg.model.vocab_size = len(data.vocab)  # the caption vocabulary decides it
         k = cfg.visual.k if cfg.visual.ids != "none" and cfg.ple.enabled else 0
         self.visual_rows = RowCounter(k, torch.device("cpu")) if k else None
+        v = cfg.visual
+        online = k and v.ids in QUANTIZER_IDS and v.online
+        self.qt = QuantizerTrainer(cfg, data.train_feats, data.train_pixels) if online else None
+        self.val_ids = data.val_ids
+        self.flips = None
+        if k and v.ids in QUANTIZER_IDS:
+            probe = data.train_feats[:PROBE_SCENES].flatten(0, 1)
+            self.flips = FlipMeter(probe, v.k)
         super().__init__(cfg, data, run_dir, **kw)
+        if self.dist.enabled:  # row counts, the quantizer and the flip meter are per process
+            raise PlelabError("visual runs are single-process for now; run them without torchrun")
+        if self.flips is not None and self.flips.last is None:
+            self.flips.record(self.step, self.quantizer)
+        if self.qt is not None:
+            self.val_ids = self.qt.assign(data.val_feats)
+
+    @property
+    def quantizer(self):
+        """The run's quantizer (online: the one training; frozen: the pretrained one), or None."""
+        return self.qt.quantizer if self.qt is not None else self.data.quantizer
 
     def _build_model(self) -> torch.nn.Module:
         v, c = self.cfg.visual, self.cfg
@@ -88,7 +92,12 @@ class VisualTrainer(Trainer):
     def _micro_loss(self, step: int, micro: int, rows: slice) -> torch.Tensor:
         idx = self.sampler.batch(step, self.cfg.train.batch_size, rows)
         gen = torch.Generator().manual_seed(param_seed(self.cfg.seed, f"vis:{step}:{self.dist.rank}:{micro}"))
-        ids = self.data.batch_ids(idx, gen)
+        if self.qt is not None:  # the quantizer as it is now; it updates after the last micro-batch
+            ids = self.qt.assign(self.data.train_feats[idx])
+            if micro == self.cfg.train.grad_accum - 1:
+                self.qt.step()
+        else:
+            ids = self.data.batch_ids(idx, gen)
         if self.visual_rows is not None:
             self.visual_rows.update(ids)
         caps = self.data.train_caps[idx].to(self.device)
@@ -100,11 +109,24 @@ class VisualTrainer(Trainer):
         return None  # the checkpoint use test runs on text windows; visual runs have theirs at the end
 
     def _checkpoint_extra(self) -> dict[str, torch.Tensor]:
-        return {} if self.visual_rows is None else {COUNT_KEYS["visual"]: self.visual_rows.counts.clone()}
+        out = {} if self.visual_rows is None else {COUNT_KEYS["visual"]: self.visual_rows.counts.clone()}
+        if self.qt is not None:
+            out.update(self.qt.state())
+        if self.flips is not None and self.flips.last is not None:
+            out["flips.last"] = self.flips.last.clone()
+        return out
 
-    def _restore_extra(self, saved: dict[str, torch.Tensor]) -> None:
+    def _state_extra(self) -> dict:
+        return {} if self.flips is None else {"flips": {"rows": self.flips.rows, "last_step": self.flips.last_step}}
+
+    def _restore_extra(self, saved: dict[str, torch.Tensor], state: dict) -> None:
         if self.visual_rows is not None and COUNT_KEYS["visual"] in saved:
             self.visual_rows.counts.copy_(saved[COUNT_KEYS["visual"]])
+        if self.qt is not None:
+            self.qt.load_state(saved)
+        if self.flips is not None and "flips.last" in saved:
+            self.flips.last, self.flips.rows = saved["flips.last"], state["flips"]["rows"]
+            self.flips.last_step = state["flips"]["last_step"]
 
     def _live_extra(self) -> dict:
         """Mean gradient norm per used row, per layer, arriving at each table (the seed's attenuated path)."""
@@ -114,14 +136,20 @@ class VisualTrainer(Trainer):
     def table_counts(self) -> dict:
         """How often each row of each table was looked up in training."""
         out = {"text": self.rows.counts.cpu().numpy().astype(float)}
+        out["text"][PAD] = 0  # <pad> is looked up at every padded position but gets no gradient
         if self.visual_rows is not None:
             out["visual"] = self.visual_rows.counts.numpy().astype(float)
         return out
 
     def id_stability(self) -> dict | None:
-        """Flip rate of the IDs two lookups of the same training patches give (0 for a frozen tokenizer)."""
+        """Quantizers: the flip meter's summary over the evaluation intervals (with restart events).
+        Other methods: the flip rate between two lookups of the same training patches (0 when fixed)."""
         if self.visual_rows is None:
             return None
+        if self.flips is not None:
+            restarts = getattr(self.quantizer, "restarts", [])
+            return {**self.flips.summary(), "restart_events": len(restarts),
+                    "codes_restarted": sum(len(c) for _, c in restarts), "intervals_detail": self.flips.rows}
         probe = torch.arange(min(PROBE_SCENES, len(self.data.train_caps)))
         gens = [torch.Generator().manual_seed(param_seed(self.cfg.seed, f"flip{i}")) for i in range(2)]
         first, second = (self.data.batch_ids(probe, g) for g in gens)
@@ -132,7 +160,7 @@ class VisualTrainer(Trainer):
         d, out = self.data, []
         self.model.eval()
         for i in range(0, len(d.val_caps), 64):
-            ids = None if d.val_ids is None else d.val_ids[i:i + 64].to(self.device)
+            ids = None if self.val_ids is None else self.val_ids[i:i + 64].to(self.device)
             with self._autocast():
                 out.append(self.model(d.val_feats[i:i + 64].to(self.device), ids, d.val_caps[i:i + 64].to(self.device),
                                       drop_image=drop_image).float().cpu())
@@ -140,6 +168,10 @@ class VisualTrainer(Trainer):
         return torch.cat(out)
 
     def evaluate(self) -> float:
+        if self.flips is not None and self.step > self.flips.last_step:
+            self.flips.record(self.step, self.quantizer)
+        if self.qt is not None:
+            self.val_ids = self.qt.assign(self.data.val_feats)
         caps = self.data.val_caps
         return float(self._val_per_token().sum() / (caps != PAD).sum())
 
@@ -150,8 +182,14 @@ class VisualTrainer(Trainer):
         return {**with_image, **{f"no_image_{k}": v for k, v in without.items()}}
 
     def _summary_extra(self) -> dict:
-        return {"visual": {"ids": self.cfg.visual.ids, "id_metrics": self.data.id_metrics,
-                           "id_stability": self.id_stability(), **self.caption_report(), "tables": end_of_run(self)}}
+        v, metrics, quantizer = self.cfg.visual, self.data.id_metrics, {}
+        if self.qt is not None:  # the IDs the online quantizer gives at the end
+            metrics = id_report(self.val_ids, v.k, self.data.val_labels)
+        if self.flips is not None:
+            quantizer = {"kind": v.ids, "online": v.online,
+                         "final_losses": self.qt.last_losses if self.qt is not None else None}
+        return {"visual": {"ids": v.ids, "id_metrics": metrics, "id_stability": self.id_stability(),
+                           "quantizer": quantizer, **self.caption_report(), "tables": end_of_run(self)}}
 
 
 def train_visual(cfg: RunConfig, out_dir=None, progress: bool = True, resume: bool = False, log=print,

@@ -1,0 +1,84 @@
+"""Online quantizers inside visual runs: online vs frozen arms, flips, resume, and the study's table."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from plelab.cli import main
+from plelab.config import resolve_config
+from plelab.visual.data import prepare_visual
+from plelab.visual.trainer import VisualTrainer
+
+VIS = ["visual.enabled=true", "visual.scenes=200", "visual.val_scenes=40", "visual.encoder_steps=30",
+       "train.batch_size=16", "train.eval_every=5", "train.diag_every=0", "train.warmup_steps=5",
+       "visual.quantizer_batch=8"]
+
+
+def _cfg(ids: str, online: bool, steps: int = 15, extra=()):
+    return resolve_config("cpu-tiny", [*VIS, f"visual.ids={ids}", f"visual.online={str(online).lower()}", *extra],
+                          dp=8, steps=steps, seed=0)
+
+
+def _quiet(*_):
+    return None
+
+
+@pytest.mark.parametrize("kind", ["vq", "lfq", "bsq"])
+def test_online_and_frozen_arms_end_with_the_same_quantizer_and_only_online_flips(kind):
+    online = VisualTrainer(_cfg(kind, True), prepare_visual(_cfg(kind, True)), progress=False, log=_quiet)
+    online.fit()
+    frozen_data = prepare_visual(_cfg(kind, False))
+    frozen = VisualTrainer(_cfg(kind, False), frozen_data, progress=False, log=_quiet)
+    frozen.fit()
+    a, b = online.qt.quantizer.state_dict(), frozen_data.quantizer.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # same stream, same steps: the same final quantizer
+    assert torch.equal(online.val_ids, frozen_data.val_ids)  # so the final validation IDs agree too
+    on, fr = online.id_stability(), frozen.id_stability()
+    assert on["intervals"] == fr["intervals"] == 3
+    assert on["flip_rate"] > 0 and fr["flip_rate"] == 0.0  # the frozen quantizer is metered and never flips
+    assert online._summary_extra()["visual"]["id_metrics"]["nmi"] == pytest.approx(frozen_data.id_metrics["nmi"])
+
+
+def test_an_online_run_resumes_exactly(tmp_path):
+    extra = ["train.checkpoint_every=5"]
+    data = prepare_visual(_cfg("vq", True, extra=extra))
+    whole = VisualTrainer(_cfg("vq", True, extra=extra), data, tmp_path / "a", progress=False, log=_quiet)
+    result = whole.fit()
+    part = VisualTrainer(_cfg("vq", True, extra=extra), data, tmp_path / "b", progress=False, log=_quiet)
+    part._start = time.perf_counter()
+    for _ in range(7):
+        part.train_step()
+        if part.step % 5 == 0:
+            part.evaluate()
+    part.save_checkpoint()  # killed right after step 7's checkpoint
+    rest = VisualTrainer(_cfg("vq", True, extra=extra), data, tmp_path / "b", resume=True, progress=False,
+                         log=_quiet)
+    assert rest.qt.steps == 7
+    out = rest.fit()
+    assert out.train_losses == result.train_losses[7:] and out.val_history[-1] == result.val_history[-1]
+    a, b = whole.qt.quantizer.state_dict(), rest.qt.quantizer.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a) and whole.qt.quantizer.restarts == rest.qt.quantizer.restarts
+    assert [r["flip_rate"] for r in whole.flips.rows] == [r["flip_rate"] for r in rest.flips.rows]
+
+
+def test_lfq_needs_a_power_of_two():
+    from plelab.errors import PlelabError
+
+    with pytest.raises(PlelabError, match="power of two"):
+        resolve_config("cpu-tiny", [*VIS, "visual.ids=lfq", "visual.k=48"], dp=8)
+
+
+def test_visual_study_compares_online_with_frozen(tmp_path, capsys):
+    out = tmp_path / "vs"
+    assert main(["visual-study", "--quick", "--methods", "none,vq-online,vq-frozen", "--out", str(out),
+                 "--no-progress"]) == 0
+    md = (out / "report" / "report.md").read_text()
+    assert "Online vs frozen quantizers: the cost of ID flips" in md and "\n| vq | " in md
+    data = json.loads((out / "report" / "results.json").read_text())
+    rows = {r["method"]: r for r in data["analysis"]["rows"]}
+    assert rows["vq-online"]["flip_rate"] > 0 and rows["vq-frozen"]["flip_rate"] == 0
+    assert [c["b"] for c in data["analysis"]["online_vs_frozen"]["content"]] == ["vq-online"]
