@@ -6,6 +6,8 @@ corpus with its diagnostics and report.
    validation split's unigram entropy (the loss a context-free model cannot beat).
 3. A sweep (``plelab.sweep``): every dP arm × seeds, paired (same data order and initial trunk per
    seed), the diagnostics at an early and the final checkpoint, then the report.
+4. Visual PLE in brief (``plelab.visual.study``, design ``fix``): no visual table, a DCT + K-means
+   visual table, the same with the visual next-token loss (λ = 0.5), and the IDs as targets only.
 
 Profiles: the default fits the 15-minute budget on a 2-core CPU; ``--quick`` is the CI smoke test
 (≤ 2 minutes); ``--study`` is a real CPU study (hours); ``--study-gpu`` the same on one GPU.
@@ -30,12 +32,14 @@ class Profile:
     controls: list[str] = field(default_factory=list)
     overrides: list[str] = field(default_factory=list)
     about: str = ""
+    visual: bool = False  # the visual PLE part after the dP study
 
 
 PROFILES = {
-    "default": Profile("cpu-sweep", [0, 8, 32], 3, 240, about="≈8 minutes on 2 CPU cores"),
+    "default": Profile("cpu-sweep", [0, 8, 32], 3, 240, about="≈8 minutes on 2 CPU cores", visual=True),
     "quick": Profile("cpu-tiny", [0, 8, 16], 3, 60, overrides=["train.early_checkpoint=20", "train.diag_every=10",
-                                                                 "train.checkpoint_every=0"], about="≤ 2 minutes"),
+                                                                 "train.checkpoint_every=0"], about="≤ 2 minutes",
+                     visual=True),
     "study": Profile("cpu-sweep", [0, 8, 16, 32, 64], 6, 2000,
                      controls=["frozen", "zero", "matched", "table-lr", "boost"],
                      overrides=["train.eval_every=100", "train.early_checkpoint=400", "train.checkpoint_every=500",
@@ -89,7 +93,33 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
     log("\nFindings" + findings.rstrip())
     log(f"\nReport: {report} (Markdown beside it: {report.with_suffix('.md')}); "
         f"plelab advise {out} recommends a dP from it.")
+    if prof.visual:
+        run_visual_part(out / "visual", "quick" if profile == "quick" else "demo", jobs, progress, log)
     log(f"Demo wall time {time.perf_counter() - started:.0f} s.")
+    return report
+
+
+def run_visual_part(out: Path, profile: str, jobs: int, progress: bool, log) -> Path:
+    """Visual PLE in brief: no visual table vs a DCT + K-means table vs the same with L_visual (λ = 0.5),
+    and the IDs as targets only — paired, 3 seeds; the findings of its report."""
+    from plelab.report.visual import write_visual_report
+    from plelab.sweep.runner import run_sweep
+    from plelab.sweep.spec import merge_spec
+    from plelab.visual.study import VISUAL_PROFILES, visual_spec
+
+    methods = ["none", "oracle"] if profile == "quick" else ["none", "dct-kmeans"]
+    log(f"\nvisual PLE ({VISUAL_PROFILES[profile].about}): methods {', '.join(methods)}; the fix's 2×2 at λ = 0.5")
+    spec = merge_spec(out, visual_spec(profile, methods, design="fix", lambdas=[0.5]))
+    run_sweep(out, spec, jobs=jobs, progress=progress, log=log)
+    paths = write_visual_report(out)
+    report = next(p for p in paths if p.suffix == ".html")
+    md = (out / "report" / "report.md").read_text()
+    findings = md.split("## Findings", 1)[1].split("\n## ", 1)[0]
+    fix = md.split("## The visual next-token fix", 1)
+    log("\nVisual findings" + findings.rstrip())
+    if len(fix) == 2:
+        log("\nThe visual next-token fix" + fix[1].split("\n## ", 1)[0].rstrip())
+    log(f"\nVisual report: {report}")
     return report
 
 

@@ -238,6 +238,8 @@ def test_demo_quick_writes_the_report(tmp_path, capsys, tiny_data):
     assert "Findings" in out and "Report:" in out
     assert (tmp_path / "d" / "report" / "report.html").exists()
     assert len(list((tmp_path / "d" / "runs").glob("*/seed-*/summary.json"))) == 9
+    assert "Visual findings" in out and "The visual next-token fix" in out and "Visual report:" in out
+    assert len(list((tmp_path / "d" / "visual" / "runs").glob("*/seed-*/summary.json"))) == 8  # 4 arms × 2 seeds
 
 
 def test_sweep_command_reproduces_the_spec(tmp_path):

@@ -43,6 +43,25 @@ def test_online_and_frozen_arms_end_with_the_same_quantizer_and_only_online_flip
     assert online._summary_extra()["visual"]["id_metrics"]["nmi"] == pytest.approx(frozen_data.id_metrics["nmi"])
 
 
+def test_quantizer_training_does_not_depend_on_the_thread_count():
+    """A sweep worker runs on 1 thread, an in-process run on 2: the frozen quantizer must come out the same."""
+    from plelab.visual.online import patch_pixels, pretrained_frozen
+    from plelab.visual.scenes import generate_scenes
+
+    cfg = _cfg("lfq", False, steps=30)
+    scenes = generate_scenes(64, 0, 48, 8)
+    pixels = patch_pixels(scenes.images, 8)
+    feats = torch.randn(64, 36, 64, generator=torch.Generator().manual_seed(0))
+    threads, states = torch.get_num_threads(), []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            states.append(pretrained_frozen(cfg, feats, pixels).state_dict())
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
 def test_an_online_run_resumes_exactly(tmp_path):
     extra = ["train.checkpoint_every=5"]
     data = prepare_visual(_cfg("vq", True, extra=extra))

@@ -9,6 +9,7 @@ they are importable without the CLI and serialise to JSON exactly (``to_dict``/`
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -260,6 +261,14 @@ class VisualConfig:
     online: bool = True
     quantizer_lr: float = 1e-3
     quantizer_batch: int = 32
+    # The visual next-token fix and the redundancy ablation (issue 8): ``table`` switches the visual
+    # table keyed by the IDs on or off (the IDs may still be targets); ``injection`` is its form —
+    # ``per-layer`` (the [K, L·dP] table through each layer's gate) or ``layer0`` (one [K, H] ID
+    # embedding added to the image positions' input); ``loss_weight`` is λ in L = L_text + λ·L_visual,
+    # L_visual the cross-entropy of a head over the K IDs predicting the next patch's ID (raster order).
+    table: bool = True
+    injection: Literal["per-layer", "layer0"] = "per-layer"
+    loss_weight: float = 0.0
 
     def validate(self) -> None:
         _require(self.ids in VISUAL_IDS, "visual.ids", self.ids, " | ".join(VISUAL_IDS))
@@ -276,6 +285,23 @@ class VisualConfig:
                  f"a power of two for visual.ids={self.ids} (K = 2^bits)")
         _require(self.quantizer_lr > 0, "visual.quantizer_lr", self.quantizer_lr, "a number > 0")
         _require(self.quantizer_batch >= 1, "visual.quantizer_batch", self.quantizer_batch, "an integer >= 1")
+        _require(self.injection in ("per-layer", "layer0"), "visual.injection", self.injection, "per-layer | layer0")
+        _require(math.isfinite(self.loss_weight) and self.loss_weight >= 0, "visual.loss_weight", self.loss_weight,
+                 "a finite number >= 0 (λ of L_visual)")
+        _require(self.loss_weight == 0 or self.ids != "none", "visual.loss_weight", self.loss_weight,
+                 "0 when visual.ids=none (the visual loss predicts visual IDs: pick a tokenizer)")
+        _require(self.ids != "none" or (self.table and self.injection == "per-layer"), "visual.ids", self.ids,
+                 "a tokenizer when visual.table or visual.injection is set (with ids=none there are no IDs)")
+        _require(self.table or self.injection == "per-layer", "visual.injection", self.injection,
+                 "per-layer when visual.table=false (no table: nothing to inject)")
+        _require(self.table or self.loss_weight > 0 or self.ids == "none", "visual.table", self.table,
+                 "true unless visual.loss_weight > 0 (no table and no visual loss: the IDs are unused, that is "
+                 "visual.ids=none)")
+
+    @property
+    def per_layer_table(self) -> bool:
+        """Whether the run has the per-layer visual table ``[K, L·dP]``."""
+        return self.ids != "none" and self.table and self.injection == "per-layer"
 
 
 SECTIONS: tuple[str, ...] = ("model", "ple", "train", "data", "visual")
@@ -301,8 +327,9 @@ class RunConfig:
         self.data.validate()
         self.visual.validate()
         if self.visual.enabled:
-            _require(self.visual.ids == "none" or self.ple.enabled, "visual.ids", self.visual.ids,
-                     "none when ple.dim=0 (the visual table is a per-layer table: set ple.dim > 0)")
+            _require(not self.visual.per_layer_table or self.ple.enabled, "visual.ids", self.visual.ids,
+                     "none when ple.dim=0 (the visual table is a per-layer table: set ple.dim > 0, or "
+                     "visual.table=false / visual.injection=layer0)")
             _require(self.ple.ids == "token", "ple.ids", self.ple.ids, "token in a visual run (use visual.ids=random)")
         return self
 

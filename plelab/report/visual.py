@@ -13,6 +13,7 @@ from plelab.diagnostics.verdict import LEARNED, NOT_DIST, UNUSED, USED
 from plelab.io import atomic_write, write_json
 from plelab.report.sweep import to_html, to_markdown
 from plelab.report.tables import csv_text, fmt
+from plelab.report.visual_fix import design_blocks
 from plelab.report.visual_plots import visual_plots
 from plelab.sweep import stats
 from plelab.sweep.results import collect
@@ -64,6 +65,25 @@ def diagnostics_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def gradient_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
+    """Per method and layer: gradient norm per used row reaching the visual table, the text table, and their ratio."""
+    by = {(t["method"], t["table"]): t for t in analysis["tables"]}
+    methods = [m for m, table in by if table == "visual"]
+    layers = max((len(t["grad_row_layers"]) for t in analysis["tables"]), default=0)
+    head = ["method", *[f"layer {i}: visual / text" for i in range(layers)]]
+    rows = []
+    for m in methods:
+        vis, txt = by[(m, "visual")]["grad_row_layers"], (by.get((m, "text")) or {}).get("grad_row_layers") or []
+        cells = []
+        for i in range(layers):
+            v, t = (vis[i] if i < len(vis) else None), (txt[i] if i < len(txt) else None)
+            ratio = v / t if v is not None and t and math.isfinite(v) and math.isfinite(t) else None
+            cells.append("—" if v is None or not math.isfinite(v) else
+                         f"{v:.1e} / {fmt(t, '.1e')}" + (f" (×{ratio:.2f})" if ratio is not None else ""))
+        rows.append([m, *cells])
+    return head, rows
+
+
 def quantizer_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
     """Online vs frozen per quantizer: the flips, and what training on moving IDs cost (online − frozen)."""
     rows_by = {r["method"]: r for r in analysis["rows"]}
@@ -109,7 +129,8 @@ def findings(analysis: dict, regime: str = "", features: bool = True) -> list[st
             out.append(f"**{r['method']}**: the model reads its visual table in every seed (scrambling the rows "
                        f"costs {vis['permute_content'][0]:.3f} nats on content words) but having the table does not "
                        f"measurably lower the content-word loss against no table: reliance is not benefit ({why})")
-    real = [t for t in analysis["tables"] if t["table"] == "visual" and t["method"] not in ("random", "oracle")]
+    real = [t for t in analysis["tables"]  # the tokenizers under the text-only loss (no fix or ablation arms)
+            if t["table"] == "visual" and t["method"] not in ("random", "oracle") and "." not in t["method"]]
     if real:
         verdicts = [v for t in real for v in t["verdicts"]]
         learned, used = sum(s == "LEARNED" for s, _ in verdicts), sum(u == "USED" for _, u in verdicts)
@@ -142,11 +163,15 @@ def write_visual_report(root: str | Path) -> list[Path]:
     regime = (f"each of K={v['k']} IDs is looked up ≈ {t['steps'] * t['batch_size'] * patches / v['k']:,.0f} times "
               f"in training ({t['steps']} steps × {t['batch_size']} images × {patches} patches), with dP="
               f"{cfg['ple']['dim']} and {cfg['model']['num_hidden_layers']} layers")
+    with_fix = any("visual.loss_weight" in o for a in spec.arms for o in a.overrides)
+    loss = ("the caption loss, plus λ·L_visual in the fix's arms (their reported losses are caption losses)"
+            if with_fix else "text-only (caption) loss")
     blocks = [("h1", f"plelab visual study — {root.name}"),
               ("p", f"Preset {spec.preset}, dP={cfg['ple']['dim']}, K={v['k']} visual IDs, "
                     f"{v['scenes']} training scenes ({v['image_size']}² px, {v['patch']}² patches), "
-                    f"{t['steps']} steps × {t['batch_size']} captions, seeds {spec.seeds}; text-only (caption) "
-                    "loss. Every arm of a seed "
+                    f"{t['steps']} steps × {t['batch_size']} captions, seeds {spec.seeds}; {loss}. "
+                    f"{'Continuous patch features withheld in every arm. ' if not v['features'] else ''}Every arm "
+                    "of a seed "
                     "shares data, encoder, initial LM and batch order: differences are paired. δ = "
                     f"{spec.delta} nats; labels after Holm over the methods."),
               ("h2", "Results"), ("table", *visual_table(analysis)),
@@ -156,6 +181,7 @@ def write_visual_report(root: str | Path) -> list[Path]:
                     "draws, at chance). The caption loss with the image removed "
                     "shows how much the image helps at all."),
               ("h2", "Findings"), ("ul", findings(analysis, regime, v["features"])),
+              *design_blocks(analysis),
               *([("h2", "Online vs frozen quantizers: the cost of ID flips"), ("table", *quantizer_table(analysis)),
                  ("p", "Each quantizer trains on its own scene stream (data seed) one step per LM step; the frozen arm "
                        "was pretrained for the same steps on the same stream, so both end with the same quantizer "
@@ -171,6 +197,14 @@ def write_visual_report(root: str | Path) -> list[Path]:
                     "counted over seeds (STRUCTURE pairs each seed with the next, cyclically: with 2 seeds "
                     "both count the same pair). Gradient per used row: the last live diagnostics step's, mean over "
                     "layers."),
+              *([("h2", "Gradient reaching each table, per layer (the seed's attenuated path, measured)"),
+                 ("table", *gradient_table(analysis)),
+                 ("p", "Mean L2 norm of the gradient per row that received one, at the last live diagnostics step "
+                       "(before clipping), mean over seeds. Rows looked up more often collect larger gradients. Under "
+                       "the text-only loss the last layer's visual slice reaches a caption prediction only through "
+                       "the last image position (the only image position scored), so it gets almost none; with "
+                       "L_visual every image position is scored.")]
+                if any(t["grad_row_layers"] for t in analysis["tables"]) else []),
               *[("img", p) for p in plots]]
     if res.missing:
         blocks.insert(2, ("p", f"**{len(res.missing)} run(s) unfinished**: rerun the study to finish them."))

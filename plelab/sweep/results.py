@@ -67,7 +67,8 @@ def _signal(row: dict | None) -> dict:
             "table_to_proj": _mean_layers(d.get("table_to_proj")),
             "gate": _mean_layers(d.get("gate")), "grad_table": _mean_layers(d.get("grad_table")),
             "rows_touched": d.get("rows_touched"),
-            **{k: _mean_layers(d[k]) for k in ("grad_row_text", "grad_row_visual") if k in d}}
+            **{k: _mean_layers(d[k]) for k in ("grad_row_text", "grad_row_visual") if k in d},
+            **{f"{k}_layers": d[k] for k in ("grad_row_text", "grad_row_visual") if k in d}}
 
 
 def _checkpoint(path: Path, step: int) -> Path:

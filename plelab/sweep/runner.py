@@ -29,6 +29,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from plelab.config import RunConfig, resolve_config
+from plelab.config.schema import QUANTIZER_IDS
 from plelab.errors import PlelabError
 from plelab.io import atomic_write, write_json
 from plelab.runtime import available_cores
@@ -74,7 +75,11 @@ def jobs_of(root: Path, spec: SweepSpec) -> list[RunJob]:
 
 def data_key(cfg: RunConfig) -> str:
     """Runs with equal keys share one prepared data set (tokenised corpus, or visual data and IDs)."""
-    visual = cfg.visual.__dict__ if cfg.visual.enabled else None
+    visual = None
+    if cfg.visual.enabled:  # what the data depend on: not the table, its injection or the loss weight
+        visual = {k: v for k, v in cfg.visual.__dict__.items() if k not in ("table", "injection", "loss_weight")}
+        if cfg.visual.ids in QUANTIZER_IDS and not cfg.visual.online:
+            visual["pretrain_steps"] = cfg.train.steps  # the frozen quantizer is pretrained for train.steps
     return json.dumps([cfg.data.__dict__, cfg.model.vocab_size if visual is None else None, visual], sort_keys=True,
                       default=str)
 

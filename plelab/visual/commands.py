@@ -70,18 +70,26 @@ def cmd_visual_study(args: argparse.Namespace) -> int:
     from plelab.report.visual import write_visual_report
     from plelab.sweep.runner import run_sweep
     from plelab.sweep.spec import merge_spec
-    from plelab.visual.study import METHODS, visual_spec
+    from plelab.visual.study import ABLATION_METHODS, FIX_METHODS, METHODS, visual_spec
 
-    methods = [m.strip() for m in args.methods.split(",")] if args.methods else list(METHODS)
+    defaults = {"tokenizers": METHODS, "fix": FIX_METHODS, "ablation": ABLATION_METHODS}[args.design]
+    methods = [m.strip() for m in args.methods.split(",")] if args.methods else list(defaults)
     bad = [m for m in methods if m not in METHODS]
     if bad or "none" not in methods:
         raise ConfigError(f"invalid --methods {args.methods!r}: choose from {', '.join(METHODS)}, including none "
                           "(the baseline every method is paired with)")
     if args.seeds is not None and args.seeds < 1:
         raise ConfigError("--seeds must be >= 1")
+    try:
+        lambdas = [float(x) for x in args.lambdas.split(",")]
+    except ValueError:
+        lambdas = []
+    if not lambdas or any(not lam > 0 for lam in lambdas):
+        raise ConfigError(f"invalid --lambdas {args.lambdas!r}: comma-separated numbers > 0, e.g. 0.1,0.5,1")
     profile = "quick" if args.quick else "default"
     out = Path(args.out) if args.out else Path("runs") / time.strftime(f"visual-{profile}-%Y%m%d-%H%M%S")
-    spec = merge_spec(out, visual_spec(profile, methods, dp=args.dp, seeds=args.seeds))
+    spec = merge_spec(out, visual_spec(profile, methods, dp=args.dp, seeds=args.seeds, design=args.design,
+                                       lambdas=lambdas, features=not args.no_features))
     run_sweep(out, spec, jobs=args.jobs, progress=not args.no_progress)
     paths = write_visual_report(out)
     print("\n".join(f"wrote {p}" for p in paths))
@@ -103,7 +111,15 @@ def add_visual_parsers(sub) -> None:
 
     p = sub.add_parser("visual-study", help="paired multi-seed study of visual-ID methods (text-only loss)")
     p.add_argument("--quick", action="store_true", help="the CI smoke test (tiny runs, 2 seeds)")
-    p.add_argument("--methods", help="comma-separated: none, dct-kmeans, siglip-kmeans, random, oracle (default all)")
+    p.add_argument("--design", choices=("tokenizers", "fix", "ablation"), default="tokenizers",
+                   help="tokenizers: every method under the text-only loss (default); fix: the 2×2 of visual table "
+                        "on/off × L_visual on/off; ablation: features withheld, per-layer table vs layer-0 embedding")
+    p.add_argument("--methods", help="comma-separated, always with none: none, dct-kmeans, siglip-kmeans, random, "
+                                     "oracle, vq/lfq/bsq-online, vq/lfq/bsq-frozen (default: the design's set)")
+    p.add_argument("--lambdas", default="0.1,0.5,1", help="λ values of L_visual for --design fix (default 0.1,0.5,1)")
+    p.add_argument("--no-features", action="store_true",
+                   help="withhold the continuous patch features in every arm (the IDs are the image's only view; "
+                        "always so in --design ablation)")
     p.add_argument("--seeds", type=int, help="seeds per method (default 3; 2 with --quick)")
     p.add_argument("--dp", type=int, default=16, help="dP of the text and visual per-layer tables (default 16)")
     p.add_argument("--out", help="the study folder (default runs/visual-PROFILE-DATE; rerun to resume)")

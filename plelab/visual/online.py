@@ -11,6 +11,8 @@ quantizer. The two arms differ by one thing: whether the table saw IDs that move
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -30,6 +32,18 @@ def patch_pixels(images: np.ndarray, patch: int) -> torch.Tensor:
     return torch.from_numpy(p.reshape(p.shape[0], p.shape[1], -1).astype(np.float32) / 127.5 - 1.0)
 
 
+@contextlib.contextmanager
+def single_thread():
+    """Quantizer math on one thread: the same bits whatever the run's thread count (a worker of a sweep with
+    ``--jobs 2`` uses 1 thread, an in-process run 2), so the online and frozen arms end identical."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 class QuantizerTrainer:
     def __init__(self, cfg: RunConfig, feats: torch.Tensor, pixels: torch.Tensor) -> None:
         v = cfg.visual
@@ -46,18 +60,19 @@ class QuantizerTrainer:
         """One update on the next batch of the quantizer's own stream."""
         idx = self.sampler.batch(self.steps, self.batch)
         q = self.quantizer.train()
-        with torch.autocast("cpu", enabled=False):
+        with torch.autocast("cpu", enabled=False), single_thread():
             _, losses = q(self.feats[idx].flatten(0, 1).float(), self.pixels[idx].flatten(0, 1))
-        self.opt.zero_grad(set_to_none=True)
-        losses["total"].backward()
-        self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            losses["total"].backward()
+            self.opt.step()
         self.steps += 1
         self.last_losses = {k: float(v.detach()) for k, v in losses.items()}
         return self.last_losses
 
     def assign(self, feats: torch.Tensor) -> torch.Tensor:
         """IDs ``[B, P]`` of patch features ``[B, P, D]`` from the current quantizer (no update)."""
-        return self.quantizer.assign(feats.flatten(0, 1).float()).view(feats.shape[:2])
+        with single_thread():
+            return self.quantizer.assign(feats.flatten(0, 1).float()).view(feats.shape[:2])
 
     # ---- checkpoint state (tensors only: saved with the run's optimizer file) --------------------
     def state(self) -> dict[str, torch.Tensor]:

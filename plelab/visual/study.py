@@ -62,16 +62,63 @@ VISUAL_PROFILES = {
                                                   "model.num_hidden_layers=4", "train.eval_every=100",
                                                   "train.diag_every=100", "train.checkpoint_every=0",
                                                   "train.warmup_steps=20"], "≈ 40 s per run on 2 cores"),
+    # plelab demo's visual part: the default's model at half the steps and scenes (≈ 3 minutes on 2 cores)
+    "demo": VisualProfile("cpu-tiny", 3, 400, ["visual.scenes=1000", "visual.val_scenes=200", "train.batch_size=32",
+                                               "model.num_hidden_layers=4", "train.eval_every=100",
+                                               "train.diag_every=100", "train.checkpoint_every=0",
+                                               "train.warmup_steps=20"], "≈ 25 s per run on 2 cores"),
 }
 
 
-def visual_spec(profile: str, methods=METHODS, dp: int = 16, seeds: int | None = None) -> SweepSpec:
-    prof = VISUAL_PROFILES[profile]
+DESIGNS = ("tokenizers", "fix", "ablation")
+# the five tokenizers of the seed, with frozen IDs (the fix needs targets that do not drift)
+FIX_METHODS = ("none", "dct-kmeans", "siglip-kmeans", "vq-frozen", "lfq-frozen", "bsq-frozen")
+ABLATION_METHODS = ("none", "dct-kmeans", "siglip-kmeans", "oracle")
+LAMBDAS = (0.1, 0.5, 1.0)
+
+
+def design_arms(design: str, methods, lambdas=LAMBDAS) -> tuple[list[Arm], list[str]]:
+    """The arms of one study design and the overrides every arm shares.
+
+    ``tokenizers``: every method under the text-only loss, each paired with ``none``. ``fix`` (the
+    2×2 of issue 8): per tokenizer the visual table on (λ = 0: the method's own arm; λ > 0: ``M.lvλ``,
+    compared with ``M``) and off (``M.notable.lvλ``: the IDs are only targets, compared with ``none``;
+    table off and λ = 0 is ``none`` itself). ``ablation``: continuous features withheld; per tokenizer the
+    per-layer table (``M``, vs ``none``) and a layer-0 ID embedding of the same IDs (``M.layer0``, vs ``M``).
+    """
     arms = [Arm(m, method_overrides(m), family="visual" if m != "none" else "baseline", x=i,
-                description=DESCRIPTIONS[m])
-            for i, m in enumerate(methods)]
-    return SweepSpec(preset=prof.preset, overrides=["visual.enabled=true", f"ple.dim={dp}", *prof.overrides], arms=arms,
-                     seeds=list(range(seeds or prof.seeds)), steps=prof.steps, kind="visual", baseline="none")
+                description=DESCRIPTIONS[m]) for i, m in enumerate(methods)]
+    shared: list[str] = []
+    lambdas = list(dict.fromkeys(f"{lam:g}" for lam in lambdas))  # as in the arm names: 1 and 1.0 are one arm
+    for i, m in enumerate(methods):
+        if m == "none":
+            continue
+        if design == "fix":
+            for lam in lambdas:
+                arms.append(Arm(f"{m}.lv{lam}", [*method_overrides(m), f"visual.loss_weight={lam}"],
+                                family=f"fix: table on, λ={lam}", x=i, reference=m,
+                                description=f"{DESCRIPTIONS[m]}, L_text + {lam}·L_visual"))
+                arms.append(Arm(f"{m}.notable.lv{lam}", [*method_overrides(m), "visual.table=false",
+                                                        f"visual.loss_weight={lam}"],
+                                family=f"fix: table off, λ={lam}", x=i, reference="none",
+                                description=f"{DESCRIPTIONS[m]} as targets only, L_text + {lam}·L_visual"))
+        elif design == "ablation":
+            arms.append(Arm(f"{m}.layer0", [*method_overrides(m), "visual.injection=layer0"], family="layer-0 only",
+                            x=i, reference=m, description=f"{DESCRIPTIONS[m]}, one layer-0 ID embedding"))
+    if design == "ablation":
+        shared.append("visual.features=false")
+    return arms, shared
+
+
+def visual_spec(profile: str, methods=METHODS, dp: int = 16, seeds: int | None = None, design: str = "tokenizers",
+                lambdas=LAMBDAS, features: bool = True) -> SweepSpec:
+    prof = VISUAL_PROFILES[profile]
+    arms, shared = design_arms(design, methods, lambdas)
+    if not features and "visual.features=false" not in shared:
+        shared.append("visual.features=false")
+    return SweepSpec(preset=prof.preset, overrides=["visual.enabled=true", f"ple.dim={dp}", *prof.overrides, *shared],
+                     arms=arms, seeds=list(range(seeds or prof.seeds)), steps=prof.steps, kind="visual",
+                     baseline="none")
 
 
 def _metric(run, metric: str) -> float:
@@ -81,7 +128,7 @@ def _metric(run, metric: str) -> float:
 def _paired(res: SweepResults, metric: str) -> list[stats.Comparison]:
     """Every method against ``none`` on ``metric`` (``caption`` = the run's loss, or ``content``)."""
     base, comps = res.spec.baseline, []
-    others = [a.name for a in res.spec.arms if a.name != base and a.name in res.runs]
+    others = [a.name for a in res.spec.arms if a.family == "visual" and a.name in res.runs]
 
     for arm in others:
         seeds = res.seeds_of(base, arm)
@@ -95,6 +142,12 @@ def _paired(res: SweepResults, metric: str) -> list[stats.Comparison]:
 def _avg(values) -> float:
     vals = [v for v in values if v is not None and math.isfinite(v)]
     return float(np.mean(vals)) if vals else math.nan
+
+
+def _layer_means(per_run: list[list | None]) -> list[float]:
+    """Per layer, the mean over runs (runs without the metric left out)."""
+    runs = [r for r in per_run if r]
+    return [_avg([r[i] for r in runs]) for i in range(len(runs[0]))] if runs else []
 
 
 def table_rows(res: SweepResults) -> list[dict]:
@@ -123,6 +176,7 @@ def table_rows(res: SweepResults) -> list[dict]:
                 "permute_content": stats.mean_sd([p["content"]["delta"] for p in perm]),
                 "reset_caption": stats.mean_sd([d["use"]["reset"]["caption"]["delta"] for _, d in pairs]),
                 "grad_row": _avg([r.signal.get(f"grad_row_{table}") for r, _ in pairs]),
+                "grad_row_layers": _layer_means([r.signal.get(f"grad_row_{table}_layers") for r, _ in pairs]),
                 "verdicts": [list(v) for v in verdicts], "structure": verdict_counts(structure),
                 "use": verdict_counts([u for _, u in verdicts])})
     return rows
@@ -147,11 +201,34 @@ def visual_analysis(res: SweepResults) -> dict:
                      "codes_restarted": _avg([f.get("codes_restarted") for f in flips]), "nmi": ids.get("nmi"),
                      "utilisation": ids.get("utilisation"), "perplexity": ids.get("perplexity"),
                      "caption": stats.mean_sd([r.loss for r in runs]), "content": mean("content"),
-                     "template": mean("template"), "no_image_caption": mean("no_image_caption")})
+                     "template": mean("template"), "no_image_caption": mean("no_image_caption"),
+                     "visual_loss": mean("visual_loss")})
     return {"rows": rows, "tables": table_rows(res), "caption_vs_none": [c.to_dict() for c in _paired(res, "caption")],
             "content_vs_none": [c.to_dict() for c in _paired(res, "content")],
             "online_vs_frozen": {m: [c.to_dict() for c in online_vs_frozen(res, m)] for m in ("caption", "content")},
+            "references": {m: reference_families(res, m) for m in ("caption", "content")},
             "missing": res.missing}
+
+
+def reference_families(res: SweepResults, metric: str) -> dict[str, list[dict]]:
+    """Every arm with a ``reference`` against it, paired by seed, Holm within each family (one λ, one
+    switch): the fix's and the ablation's comparisons."""
+    out: dict[str, list[dict]] = {}
+    fams: dict[str, list[Arm]] = {}
+    for arm in res.spec.arms:
+        if arm.reference is not None and arm.name in res.runs and arm.reference in res.runs:
+            fams.setdefault(arm.family, []).append(arm)
+    for fam, arms in fams.items():
+        comps = []
+        for arm in arms:
+            seeds = res.seeds_of(arm.reference, arm.name)
+            diffs = [_metric(res.runs[arm.name][s], metric) - _metric(res.runs[arm.reference][s], metric)
+                     for s in seeds]
+            if seeds:
+                comps.append(stats.paired(arm.reference, arm.name, diffs, res.spec.delta, res.spec.alpha,
+                                          m=len(arms)))
+        out[fam] = [c.to_dict() for c in stats.family(comps, steps=False)]
+    return out
 
 
 def online_vs_frozen(res: SweepResults, metric: str) -> list[stats.Comparison]:

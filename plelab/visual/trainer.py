@@ -38,14 +38,15 @@ class VisualTrainer(Trainer):
     def __init__(self, cfg: RunConfig, data: VisualData, run_dir=None, **kw) -> None:
         cfg.validate()  # the visual settings' cross-checks (visual table needs PLE; no text iid ids)
         cfg.model.vocab_size = len(data.vocab)  # the caption vocabulary decides it
-        k = cfg.visual.k if cfg.visual.ids != "none" and cfg.ple.enabled else 0
-        self.visual_rows = RowCounter(k, torch.device("cpu")) if k else None
         v = cfg.visual
-        online = k and v.ids in QUANTIZER_IDS and v.online
-        self.qt = QuantizerTrainer(cfg, data.train_feats, data.train_pixels) if online else None
+        table_rows = v.k if v.per_layer_table and cfg.ple.enabled else 0
+        self.visual_rows = RowCounter(table_rows, torch.device("cpu")) if table_rows else None
+        self.loss_weight = v.loss_weight
+        quantized = v.ids in QUANTIZER_IDS
+        self.qt = QuantizerTrainer(cfg, data.train_feats, data.train_pixels) if quantized and v.online else None
         self.val_ids = data.val_ids
         self.flips = None
-        if k and v.ids in QUANTIZER_IDS:
+        if quantized:
             probe = data.train_feats[:PROBE_SCENES].flatten(0, 1)
             self.flips = FlipMeter(probe, v.k)
         super().__init__(cfg, data, run_dir, **kw)
@@ -65,7 +66,8 @@ class VisualTrainer(Trainer):
         v, c = self.cfg.visual, self.cfg
         k = v.k if v.ids != "none" else 0
         return build_visual_model(c.model, c.ple, self.data.feature_dim, self.data.num_patches, k, c.seed, self.device,
-                                  use_features=v.features)
+                                  use_features=v.features, injection=v.injection if v.table else "none",
+                                  visual_head=v.loss_weight > 0)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         tc = self.cfg.train
@@ -76,10 +78,17 @@ class VisualTrainer(Trainer):
         else:
             groups.append({"name": "image_embed", "params": [self.model.image_embed], "lr": tc.lr, "base_lr": tc.lr,
                            "weight_decay": 0.0})
-        if self.model.num_ids:
-            lr = (tc.lr if tc.table_lr is None else tc.table_lr) * tc.table_lr_mult
-            groups.append({"name": "visual_table", "params": [self.model.visual_embed_tokens_per_layer.weight],
-                           "lr": lr, "base_lr": lr, "weight_decay": tc.table_weight_decay})
+        table_lr = (tc.lr if tc.table_lr is None else tc.table_lr) * tc.table_lr_mult
+        m = self.model
+        # the layer-0 ID embedding gets the visual table's settings: the ablation changes the injection only
+        for name, table in (("visual_table", m.visual_embed_tokens_per_layer if m.num_ids else None),
+                            ("visual_embed", m.visual_embed_tokens if m.layer0 else None)):
+            if table is not None:
+                groups.append({"name": name, "params": [table.weight], "lr": table_lr, "base_lr": table_lr,
+                               "weight_decay": tc.table_weight_decay})
+        if m.visual_lm_head is not None:
+            groups.append({"name": "visual_head", "params": [m.visual_lm_head.weight], "lr": tc.lr, "base_lr": tc.lr,
+                           "weight_decay": tc.weight_decay})
         assert sum(len(g["params"]) for g in groups) == sum(p.requires_grad for p in self.model.parameters())
         return adamw(groups)
 
@@ -101,9 +110,11 @@ class VisualTrainer(Trainer):
         if self.visual_rows is not None:
             self.visual_rows.update(ids)
         caps = self.data.train_caps[idx].to(self.device)
-        per_token = self.forward(self.data.train_feats[idx].to(self.device),
-                                 None if ids is None else ids.to(self.device), caps)
-        return per_token.sum() / (caps != PAD).sum()
+        feats, ids = self.data.train_feats[idx].to(self.device), None if ids is None else ids.to(self.device)
+        if not self.loss_weight:
+            return self.forward(feats, ids, caps).sum() / (caps != PAD).sum()
+        per_token, visual = self.forward(feats, ids, caps, return_visual=True)
+        return per_token.sum() / (caps != PAD).sum() + self.loss_weight * visual.mean()  # L_text + λ·L_visual
 
     def _diag_windows(self) -> None:
         return None  # the checkpoint use test runs on text windows; visual runs have theirs at the end
@@ -144,7 +155,7 @@ class VisualTrainer(Trainer):
     def id_stability(self) -> dict | None:
         """Quantizers: the flip meter's summary over the evaluation intervals (with restart events).
         Other methods: the flip rate between two lookups of the same training patches (0 when fixed)."""
-        if self.visual_rows is None:
+        if self.cfg.visual.ids == "none":
             return None
         if self.flips is not None:
             restarts = getattr(self.quantizer, "restarts", [])
@@ -156,16 +167,20 @@ class VisualTrainer(Trainer):
         return id_stability(first, second, self.cfg.visual.k)
 
     @torch.no_grad()
-    def _val_per_token(self, drop_image: bool = False) -> torch.Tensor:
-        d, out = self.data, []
+    def _val_per_token(self, drop_image: bool = False, visual: bool = False):
+        """Validation caption CE per token ``[N, T]`` (with ``visual``: also the next-ID CE ``[N, P−1]``)."""
+        d, text, vis = self.data, [], []
         self.model.eval()
         for i in range(0, len(d.val_caps), 64):
             ids = None if self.val_ids is None else self.val_ids[i:i + 64].to(self.device)
             with self._autocast():
-                out.append(self.model(d.val_feats[i:i + 64].to(self.device), ids, d.val_caps[i:i + 64].to(self.device),
-                                      drop_image=drop_image).float().cpu())
+                out = self.model(d.val_feats[i:i + 64].to(self.device), ids, d.val_caps[i:i + 64].to(self.device),
+                                 drop_image=drop_image, return_visual=visual)
+            text.append((out[0] if visual else out).float().cpu())
+            if visual:
+                vis.append(out[1].float().cpu())
         self.model.train()
-        return torch.cat(out)
+        return (torch.cat(text), torch.cat(vis)) if visual else torch.cat(text)
 
     def evaluate(self) -> float:
         if self.flips is not None and self.step > self.flips.last_step:
@@ -188,8 +203,11 @@ class VisualTrainer(Trainer):
         if self.flips is not None:
             quantizer = {"kind": v.ids, "online": v.online,
                          "final_losses": self.qt.last_losses if self.qt is not None else None}
+        extra = {}
+        if self.model.visual_lm_head is not None and self.val_ids is not None:
+            extra["visual_loss"] = float(self._val_per_token(visual=True)[1].mean())  # L_visual on held-out scenes
         return {"visual": {"ids": v.ids, "id_metrics": metrics, "id_stability": self.id_stability(),
-                           "quantizer": quantizer, **self.caption_report(), "tables": end_of_run(self)}}
+                           "quantizer": quantizer, **self.caption_report(), **extra, "tables": end_of_run(self)}}
 
 
 def train_visual(cfg: RunConfig, out_dir=None, progress: bool = True, resume: bool = False, log=print,
