@@ -71,6 +71,38 @@ def fix_findings(analysis: dict) -> list[str]:
             out.append(f"λ = {lam}: adding L_visual with the table on lowers the content-word loss significantly "
                        f"(Holm over {len(on)} tokenizers) for {', '.join(helped) or 'none'}; raises it for "
                        f"{', '.join(hurt) or 'none'}.")
+    tables = {t["method"]: t for t in analysis["tables"] if t["table"] == "visual"}
+    fixed_arms = [m for m in tables if ".lv" in m and ".notable." not in m]
+    refs = {m.split(".lv")[0] for m in fixed_arms}  # the same tokenizers at λ = 0
+    base = [u for m in refs if m in tables for _, u in tables[m]["verdicts"]]
+    fixed = [u for m in fixed_arms for _, u in tables[m]["verdicts"]]
+    if base and fixed:
+        out.append(f"The seeds' fix makes the IDs prediction targets so that the visual table comes alive: USED in "
+                   f"{fixed.count('USED')}/{len(fixed)} runs with L_visual against {base.count('USED')}/{len(base)} "
+                   "for the same tokenizers without. Whether that helps the text is the question above; a live "
+                   "table alone is not evidence.")
+    return out
+
+
+def ablation_findings(analysis: dict) -> list[str]:
+    """The seed's redundancy claim, with the features withheld: per-layer table vs none and vs layer-0."""
+    con = _by_arm(analysis, "content")
+    vs_none = {c["b"]: c for c in analysis["content_vs_none"]}
+    out = []
+    for name, c in con.items():
+        if not name.endswith(".layer0"):
+            continue
+        m = name.removesuffix(".layer0")
+        per_layer = vs_none.get(m)
+        if c["label"] in (stats.RISE, stats.SMALL_RISE):  # layer-0 − per-layer > 0: per-layer wins
+            verdict = "per-layer injection matters beyond having the IDs."
+        elif c["label"] in (stats.DROP, stats.SMALL_DROP):
+            verdict = "the layer-0 embedding does better: per-layer injection is not what helps."
+        else:
+            verdict = "no evidence here that per-layer injection matters beyond having the IDs."
+        out.append(f"{m}: with the features withheld the per-layer table changes content-word loss by "
+                   f"{_cell(per_layer)} vs none; a layer-0 embedding of the same IDs differs from it by {_cell(c)} — "
+                   + verdict)
     return out
 
 
@@ -92,6 +124,7 @@ def design_blocks(analysis: dict) -> list[tuple]:
     head, rows = ablation_table(analysis)
     if rows:
         out += [("h2", "Redundancy ablation: continuous features withheld"), ("table", head, rows),
+                ("ul", ablation_findings(analysis)),
                 ("p", "Every arm here sees the image only through its IDs (one learned constant at image positions); "
                       "Holm across this family's methods. "
                       "Per-layer table: the IDs through each layer's gate; layer-0: one ID embedding added to the "

@@ -11,14 +11,25 @@ from plelab.report.sweep_plots import pyplot, save_figure
 from plelab.sweep.results import SweepResults
 
 
+def _width(n: int) -> float:
+    """Figure width for ``n`` labelled positions (many arms: wider, so the labels fit)."""
+    return max(6.4, 0.32 * n + 1.5)
+
+
+def _ticks(ax, labels: list[str]) -> None:
+    many = len(labels) > 6
+    ax.set_xticks(range(len(labels)), labels, fontsize=6 if many else 8, rotation=60 if many else 0,
+                  ha="right" if many else "center")
+
+
 def plot_losses(analysis: dict, out: Path) -> Path:
     plt = pyplot()
     rows = analysis["rows"]
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = plt.subplots(figsize=(_width(len(rows)), 3.6))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r["content"][0] for r in rows], 0.4, label="content words")
     ax.bar([x + 0.2 for x in xs], [r["template"][0] for r in rows], 0.4, label="template words")
-    ax.set_xticks(list(xs), [r["method"] for r in rows], fontsize=8)
+    _ticks(ax, [r["method"] for r in rows])
     ax.set_ylabel("caption loss (nats / word)")
     ax.set_title("caption loss by visual-ID method (mean over seeds)")
     ax.legend(fontsize=8)
@@ -28,7 +39,7 @@ def plot_losses(analysis: dict, out: Path) -> Path:
 def plot_deltas(analysis: dict, out: Path) -> Path:
     """Paired Δ (method − none) with 95% CIs, on all caption words and on content words."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = plt.subplots(figsize=(_width(len(analysis["caption_vs_none"])), 3.6))
     for offset, key, label in ((-0.15, "caption_vs_none", "caption"), (0.15, "content_vs_none", "content words")):
         comps = analysis[key]
         for i, c in enumerate(comps):
@@ -36,7 +47,7 @@ def plot_deltas(analysis: dict, out: Path) -> Path:
             err = [[c["mean"] - lo], [hi - c["mean"]]] if lo is not None else None
             ax.errorbar(i + offset, c["mean"], yerr=err, fmt="o", capsize=3, color="C0" if offset < 0 else "C1",
                         label=label if i == 0 else None)
-        ax.set_xticks(range(len(comps)), [c["b"] for c in comps], fontsize=8)
+        _ticks(ax, [c["b"] for c in comps])
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_ylabel("Δ loss vs no visual table (nats)")
     ax.set_title("paired difference with 95% CI (below 0: the method helps)")
@@ -51,7 +62,7 @@ def plot_contrast(analysis: dict, out: Path) -> Path | None:
     if not methods:
         return None
     plt = pyplot()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(9.0, 2 * _width(len(methods))), 3.6))
     for j, (table, color) in enumerate((("text", "C0"), ("visual", "C3"))):
         got = {r["method"]: r for r in rows if r["table"] == table}
         xs = [i + (j - 0.5) * 0.35 for i, m in enumerate(methods) if m in got]
@@ -59,7 +70,7 @@ def plot_contrast(analysis: dict, out: Path) -> Path | None:
                label=f"{table} table")
         a2.bar(xs, [got[m]["grad_row"] for m in methods if m in got], 0.35, color=color, label=f"{table} table")
     for ax in (a1, a2):
-        ax.set_xticks(range(len(methods)), methods, fontsize=7, rotation=15)
+        _ticks(ax, methods)
         ax.legend(fontsize=8)
     a1.axhline(0, color="grey", lw=0.8)
     a1.set_ylabel("caption loss change (nats)")
