@@ -36,7 +36,8 @@ class Profile:
 
 
 PROFILES = {
-    "default": Profile("cpu-sweep", [0, 8, 32], 3, 240, about="≈8 minutes on 2 CPU cores", visual=True),
+    "default": Profile("cpu-sweep", [0, 8, 32], 3, 240, about="≈8 minutes on 2 CPU cores, then ≈3 for the visual part",
+                       visual=True),
     "quick": Profile("cpu-tiny", [0, 8, 16], 3, 60, overrides=["train.early_checkpoint=20", "train.diag_every=10",
                                                                  "train.checkpoint_every=0"], about="≤ 2 minutes",
                      visual=True),

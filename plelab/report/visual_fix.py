@@ -68,9 +68,9 @@ def fix_findings(analysis: dict) -> list[str]:
         helped = [c["b"].split(".lv")[0] for c in on if c["label"] in (stats.DROP, stats.SMALL_DROP)]
         hurt = [c["b"].split(".lv")[0] for c in on if c["label"] in (stats.RISE, stats.SMALL_RISE)]
         if on:
+            n = f"{len(on)} tokenizer{'s' if len(on) != 1 else ''}"
             out.append(f"λ = {lam}: adding L_visual with the table on lowers the content-word loss significantly "
-                       f"(Holm over {len(on)} tokenizers) for {', '.join(helped) or 'none'}; raises it for "
-                       f"{', '.join(hurt) or 'none'}.")
+                       f"(Holm over {n}) for {', '.join(helped) or 'none'}; raises it for {', '.join(hurt) or 'none'}.")
     tables = {t["method"]: t for t in analysis["tables"] if t["table"] == "visual"}
     fixed_arms = [m for m in tables if ".lv" in m and ".notable." not in m]
     refs = {m.split(".lv")[0] for m in fixed_arms}  # the same tokenizers at λ = 0

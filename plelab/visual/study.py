@@ -66,7 +66,7 @@ VISUAL_PROFILES = {
     "demo": VisualProfile("cpu-tiny", 3, 400, ["visual.scenes=1000", "visual.val_scenes=200", "train.batch_size=32",
                                                "model.num_hidden_layers=4", "train.eval_every=100",
                                                "train.diag_every=100", "train.checkpoint_every=0",
-                                               "train.warmup_steps=20"], "≈ 25 s per run on 2 cores"),
+                                               "train.warmup_steps=20"], "≈ 30 s per run on 2 cores"),
 }
 
 
