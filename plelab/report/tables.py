@@ -64,3 +64,12 @@ def csv_text(head: list[str], rows: list[list]) -> str:
     w.writerow(head)
     w.writerows(rows)
     return buf.getvalue()
+
+
+def ci_cell(c: dict | None) -> str:
+    """One paired comparison (``stats.Comparison.to_dict()``) as ``mean [CI low, CI high] label`` in a cell."""
+    if not c:
+        return "—"
+    if c["ci_low"] is None:
+        return f"{c['mean']:+.4f} (n={c['n']})"
+    return f"{c['mean']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}] {c['label']}"

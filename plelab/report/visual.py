@@ -12,7 +12,7 @@ from pathlib import Path
 from plelab.diagnostics.verdict import LEARNED, NOT_DIST, UNUSED, USED
 from plelab.io import atomic_write, write_json
 from plelab.report.sweep import to_html, to_markdown
-from plelab.report.tables import csv_text, fmt
+from plelab.report.tables import ci_cell, csv_text, fmt
 from plelab.report.visual_fix import design_blocks
 from plelab.report.visual_plots import visual_plots
 from plelab.sweep import stats
@@ -25,12 +25,6 @@ def _ms(pair) -> str:
     return "—" if not math.isfinite(m) else f"{m:.4f}" + (f" ± {sd:.4f}" if math.isfinite(sd) else "")
 
 
-def _cmp(c: dict | None) -> str:
-    if not c or c["ci_low"] is None:
-        return "—" if not c else f"{c['mean']:+.4f} (n={c['n']})"
-    return f"{c['mean']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}] {c['label']}"
-
-
 def visual_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
     cap = {c["b"]: c for c in analysis["caption_vs_none"]}
     con = {c["b"]: c for c in analysis["content_vs_none"]}
@@ -39,7 +33,7 @@ def visual_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
             "content-word loss", "Δ content vs none", "template-word loss", "caption loss, image removed"]
     rows = [[r["method"], fmt(r["nmi"], ".3f"), _vs_null(r["flip_rate"], r["flip_chance"], ".3f"),
              fmt(r["utilisation"], ".3f"), fmt(r["perplexity"], ".1f"),
-             _ms(r["caption"]), _cmp(cap.get(r["method"])), _ms(r["content"]), _cmp(con.get(r["method"])),
+             _ms(r["caption"]), ci_cell(cap.get(r["method"])), _ms(r["content"]), ci_cell(con.get(r["method"])),
              _ms(r["template"]), _ms(r["no_image_caption"])] for r in analysis["rows"]]
     return head, rows
 
@@ -98,7 +92,7 @@ def quantizer_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
         rows.append([q, _vs_null(on["flip_rate"], on["flip_chance"], ".3f"), fmt(on["restart_flip_rate"], ".3f"),
                      fmt(on["codes_restarted"], ",.0f"), fmt(fr["flip_rate"], ".3f"),
                      f"{fmt(on['nmi'], '.3f')} / {fmt(fr['nmi'], '.3f')}",
-                     _cmp(cmp.get("caption", {}).get(f"{q}-online")), _cmp(cmp.get("content", {}).get(f"{q}-online"))])
+                     *(ci_cell(cmp.get(m, {}).get(f"{q}-online")) for m in ("caption", "content"))])
     return head, rows
 
 
@@ -141,7 +135,7 @@ def findings(analysis: dict, regime: str = "", features: bool = True) -> list[st
             continue
         tables = {t["table"]: t for t in analysis["tables"] if t["method"] == r["method"]}
         vis, txt = tables.get("visual"), tables.get("text")
-        line = f"**{r['method']}** (NMI {fmt(r['nmi'], '.3f')}): content-word loss {_cmp(c)} vs no visual table"
+        line = f"**{r['method']}** (NMI {fmt(r['nmi'], '.3f')}): content-word loss {ci_cell(c)} vs no visual table"
         if vis:
             line += (f"; visual table USE {vis['use']}, STRUCTURE {vis['structure']}, erank "
                      f"{vis['erank_centred']:.2f}/{vis['dim']} (random {vis['erank_centred_null']:.2f})")

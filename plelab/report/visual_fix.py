@@ -6,16 +6,8 @@ from __future__ import annotations
 
 import math
 
-from plelab.report.tables import fmt
+from plelab.report.tables import ci_cell, fmt
 from plelab.sweep import stats
-
-
-def _cell(c: dict | None) -> str:
-    if not c:
-        return "—"
-    if c["ci_low"] is None:
-        return f"{c['mean']:+.4f} (n={c['n']})"
-    return f"{c['mean']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}] {c['label']}"
 
 
 def _by_arm(analysis: dict, metric: str) -> dict[str, dict]:
@@ -43,8 +35,7 @@ def fix_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
                 continue
             lv = [fmt((rows_by.get(a) or {}).get("visual_loss", (math.nan,))[0], ".3f") for a in (on, off)]
             use = " → ".join((verdicts.get(a) or {}).get("use", "—") for a in (m, on))
-            rows.append([m, lam, _cell(cap.get(on)), _cell(con.get(on)), _cell(cap.get(off)), _cell(con.get(off)),
-                         " / ".join(lv), use])
+            rows.append([m, lam, *(ci_cell(d.get(a)) for a in (on, off) for d in (cap, con)), " / ".join(lv), use])
     return head, rows
 
 
@@ -54,8 +45,8 @@ def ablation_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
     vs_none = {c["b"]: c for c in analysis["content_vs_none"]}
     head = ["tokenizer", "Δ content, per-layer table vs none", "Δ caption, layer-0 − per-layer",
             "Δ content, layer-0 − per-layer"]
-    rows = [[m.removesuffix(".layer0"), _cell(vs_none.get(m.removesuffix(".layer0"))), _cell(cap.get(m)),
-             _cell(con.get(m))] for m in (r["method"] for r in analysis["rows"]) if m.endswith(".layer0")]
+    rows = [[m.removesuffix(".layer0"), ci_cell(vs_none.get(m.removesuffix(".layer0"))), ci_cell(cap.get(m)),
+             ci_cell(con.get(m))] for m in (r["method"] for r in analysis["rows"]) if m.endswith(".layer0")]
     return head, rows
 
 
@@ -101,7 +92,8 @@ def ablation_findings(analysis: dict) -> list[str]:
         else:
             verdict = "no evidence here that per-layer injection matters beyond having the IDs."
         out.append(f"{m}: with the features withheld the per-layer table changes content-word loss by "
-                   f"{_cell(per_layer)} vs none; a layer-0 embedding of the same IDs differs from it by {_cell(c)} — "
+                   f"{ci_cell(per_layer)} vs none; a layer-0 embedding of the same IDs differs from it by "
+                   f"{ci_cell(c)} — "
                    + verdict)
     return out
 

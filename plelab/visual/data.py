@@ -137,14 +137,13 @@ def prepare_visual(cfg: RunConfig, log=None) -> VisualData:
     train_ids = val_ids = train_pixels = quantizer = None
     val_labels = val.semantic_labels() if val.has_labels else None
     if v.ids in QUANTIZER_IDS:
-        from plelab.visual.online import patch_pixels, pretrained_frozen, single_thread
+        from plelab.visual.online import patch_pixels, pretrained_frozen
 
         train_pixels = patch_pixels(train.images, v.patch)
         if not v.online:
             quantizer = pretrained_frozen(cfg, train_feats, train_pixels)
-            with single_thread():
-                train_ids = quantizer.assign(train_feats.flatten(0, 1)).view(train_feats.shape[:2])
-                val_ids = quantizer.assign(val_feats.flatten(0, 1)).view(val_feats.shape[:2])
+            train_ids = quantizer.assign(train_feats.flatten(0, 1)).view(train_feats.shape[:2])
+            val_ids = quantizer.assign(val_feats.flatten(0, 1)).view(val_feats.shape[:2])
             metrics = id_report(val_ids, v.k, val_labels)
     if method is not None:
         train_ids, val_ids = method.assign(train), method.assign(val)

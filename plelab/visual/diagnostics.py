@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from plelab.config.schema import RunConfig
+from plelab.diagnostics.diagnose import cka_against_null, weight_decay_shrink
 from plelab.diagnostics.structure import gaussian_null, matrix_stats
 from plelab.diagnostics.usage import weight_swapped, within_bin_permutation
 from plelab.diagnostics.verdict import use_verdict
@@ -101,7 +102,7 @@ def end_of_run(trainer) -> dict:
     w0s = initial_tables(cfg, trainer.model.num_ids)
     counts = trainer.table_counts()
     out = {}
-    alpha = decay_alpha(cfg, trainer.step)
+    alpha = weight_decay_shrink(cfg, trainer.step)  # both tables' groups share the table lr and decay
     for name, weight in table_weights(trainer.model, learned_only=True).items():
         wt = weight.detach().float().cpu()
         c = counts[name]
@@ -116,13 +117,6 @@ def end_of_run(trainer) -> dict:
         report["use_verdict"] = use_verdict(p["delta"], p["se"])[0]
         out[name] = report
     return out
-
-
-def decay_alpha(cfg: RunConfig, steps: int) -> float:
-    """α = Π_s (1 − lr_s·wd) after ``steps``: both tables' groups share the table learning rate and decay."""
-    from plelab.diagnostics.diagnose import weight_decay_shrink
-
-    return weight_decay_shrink(cfg, steps)
 
 
 def gradient_per_row(weight: torch.nn.Parameter, num_layers: int, dim: int) -> list[float | None]:
@@ -145,7 +139,7 @@ def load_run_tables(ckpt: Path) -> dict[str, tuple[torch.Tensor, np.ndarray]]:
 
     state = read_state(ckpt, for_resume=False)
     cfg = RunConfig.from_dict(state["config"])
-    alpha = decay_alpha(cfg, state["step"])
+    alpha = weight_decay_shrink(cfg, state["step"])
     learned = {"text"} if cfg.ple.table == "learned" else set()
     with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
         weights = {name: f.get_tensor(key).float() for name, key in TABLES.items()
@@ -162,8 +156,6 @@ def load_run_tables(ckpt: Path) -> dict[str, tuple[torch.Tensor, np.ndarray]]:
 
 def cross_seed(checkpoints: dict[int, Path]) -> dict[int, dict[str, dict]]:
     """Per seed and table: CKA of this seed's Δ with the next seed's (cyclic) against the permutation null."""
-    from plelab.diagnostics.diagnose import cka_against_null
-
     if len(checkpoints) < 2 or not all(p.exists() for p in checkpoints.values()):
         return {}
     tables = {seed: load_run_tables(p) for seed, p in checkpoints.items()}

@@ -47,10 +47,7 @@ class FlipMeter:
         self.rows: list[dict] = []
 
     def record(self, step: int, quantizer: OnlineQuantizer) -> dict | None:
-        from plelab.visual.online import single_thread
-
-        with single_thread():
-            ids = quantizer.assign(self.probe)
+        ids = quantizer.assign(self.probe)
         row = None
         if self.last is not None:
             restarted = {c for s, codes in getattr(quantizer, "restarts", []) if self.last_step < s <= step

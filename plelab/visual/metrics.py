@@ -4,7 +4,8 @@
   1 − (1 − 1/K)^M (what M uniform draws would touch);
 - perplexity = exp(−Σ p_k ln p_k), against K (uniform) — reported with M/K, since a small M biases
   it down;
-- ID stability = the flip rate between two lookups of the same patches, against its chance level;
+- ID stability: the flip rate between two lookups of the same patches, against chance
+  (:func:`plelab.visual.flips.flip_stats`);
 - ID semantics = normalised mutual information between IDs and the ground-truth patch labels,
   NMI = I(ID; label) / mean(H(ID), H(label)) (arithmetic normalisation, scikit-learn's default):
   0 for IDs independent of the labels, 1 when either determines the other exactly.
@@ -55,19 +56,6 @@ def nmi(ids, labels) -> float:
         return 1.0 if ha == hb else 0.0
     mi = ha + hb - _entropy(joint.reshape(-1))
     return float(max(0.0, mi) / ((ha + hb) / 2))
-
-
-def id_stability(first, second, k: int) -> dict:
-    """How often the same patches get a different ID on two lookups (``first``, ``second``: aligned IDs).
-
-    ``chance`` = 1 − Σ_k p_k q_k is the flip rate of two independent assignments with the same
-    ID frequencies ``p``, ``q``: a frozen tokenizer measures 0, i.i.d. draws measure ≈ chance.
-    """
-    a, b = _flat(first), _flat(second)
-    p = np.bincount(a, minlength=k) / max(1, len(a))
-    q = np.bincount(b, minlength=k) / max(1, len(b))
-    return {"flip_rate": float((a != b).mean()) if len(a) else math.nan, "chance": float(1 - p @ q),
-            "patches": int(len(a))}
 
 
 def id_report(ids, k: int, labels=None) -> dict:

@@ -11,15 +11,13 @@ quantizer. The two arms differ by one thing: whether the table saw IDs that move
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 
 from plelab.config.schema import RunConfig
 from plelab.model.init import param_seed
 from plelab.visual.data import SceneSampler
-from plelab.visual.quantizers import OnlineQuantizer, build_quantizer
+from plelab.visual.quantizers import OnlineQuantizer, build_quantizer, single_thread
 
 PREFIX, OPT_PREFIX = "quantizer.", "quantizer_opt."
 
@@ -30,18 +28,6 @@ def patch_pixels(images: np.ndarray, patch: int) -> torch.Tensor:
 
     p = patches(images, patch)
     return torch.from_numpy(p.reshape(p.shape[0], p.shape[1], -1).astype(np.float32) / 127.5 - 1.0)
-
-
-@contextlib.contextmanager
-def single_thread():
-    """Quantizer math on one thread: the same bits whatever the run's thread count (a worker of a sweep with
-    ``--jobs 2`` uses 1 thread, an in-process run 2), so the online and frozen arms end identical."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 class QuantizerTrainer:
@@ -71,8 +57,7 @@ class QuantizerTrainer:
 
     def assign(self, feats: torch.Tensor) -> torch.Tensor:
         """IDs ``[B, P]`` of patch features ``[B, P, D]`` from the current quantizer (no update)."""
-        with single_thread():
-            return self.quantizer.assign(feats.flatten(0, 1).float()).view(feats.shape[:2])
+        return self.quantizer.assign(feats.flatten(0, 1).float()).view(feats.shape[:2])
 
     # ---- checkpoint state (tensors only: saved with the run's optimizer file) --------------------
     def state(self) -> dict[str, torch.Tensor]:

@@ -23,6 +23,7 @@ is what to backpropagate):
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -32,6 +33,18 @@ from torch import nn
 from plelab.errors import PlelabError
 
 QUANTIZERS = ("vq", "lfq", "bsq")
+
+
+@contextlib.contextmanager
+def single_thread():
+    """Quantizer math on one thread: the same bits whatever the run's thread count (a worker of a sweep with
+    ``--jobs 2`` uses 1 thread, an in-process run 2), so online and frozen arms end identical."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def _entropy(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -84,11 +97,12 @@ class OnlineQuantizer(nn.Module):
 
     @torch.no_grad()
     def assign(self, features: torch.Tensor) -> torch.Tensor:
-        """IDs without any update (eval mode; codebooks untouched)."""
+        """IDs without any update (eval mode; codebooks untouched; one thread, see :func:`single_thread`)."""
         was = self.training
         self.eval()
         try:
-            return self.quantize(self.encoder(features))[1]
+            with single_thread():
+                return self.quantize(self.encoder(features))[1]
         finally:
             self.train(was)
 

@@ -125,18 +125,23 @@ def _metric(run, metric: str) -> float:
     return run.loss if metric == "caption" else run.visual.get(metric, float("nan"))
 
 
-def _paired(res: SweepResults, metric: str) -> list[stats.Comparison]:
-    """Every method against ``none`` on ``metric`` (``caption`` = the run's loss, or ``content``)."""
-    base, comps = res.spec.baseline, []
-    others = [a.name for a in res.spec.arms if a.family == "visual" and a.name in res.runs]
-
-    for arm in others:
-        seeds = res.seeds_of(base, arm)
-        if not seeds:
-            continue
-        diffs = [_metric(res.runs[arm][s], metric) - _metric(res.runs[base][s], metric) for s in seeds]
-        comps.append(stats.paired(base, arm, diffs, res.spec.delta, res.spec.alpha, m=len(others)))
+def paired_family(res: SweepResults, pairs: list[tuple[str, str]], metric: str) -> list[stats.Comparison]:
+    """``b − a`` on ``metric`` (``caption`` = the run's loss, or a summary key) for each pair, paired by
+    seed, as one Holm family (pairs without a common seed are left out)."""
+    comps = []
+    for a, b in pairs:
+        seeds = res.seeds_of(a, b)
+        if seeds:
+            diffs = [_metric(res.runs[b][s], metric) - _metric(res.runs[a][s], metric) for s in seeds]
+            comps.append(stats.paired(a, b, diffs, res.spec.delta, res.spec.alpha, m=len(pairs)))
     return stats.family(comps, steps=False)
+
+
+def _paired(res: SweepResults, metric: str) -> list[stats.Comparison]:
+    """Every method against ``none``."""
+    base = res.spec.baseline
+    return paired_family(res, [(base, a.name) for a in res.spec.arms if a.family == "visual" and a.name in res.runs],
+                         metric)
 
 
 def _avg(values) -> float:
@@ -219,15 +224,7 @@ def reference_families(res: SweepResults, metric: str) -> dict[str, list[dict]]:
         if arm.reference is not None and arm.name in res.runs and arm.reference in res.runs:
             fams.setdefault(arm.family, []).append(arm)
     for fam, arms in fams.items():
-        comps = []
-        for arm in arms:
-            seeds = res.seeds_of(arm.reference, arm.name)
-            diffs = [_metric(res.runs[arm.name][s], metric) - _metric(res.runs[arm.reference][s], metric)
-                     for s in seeds]
-            if seeds:
-                comps.append(stats.paired(arm.reference, arm.name, diffs, res.spec.delta, res.spec.alpha,
-                                          m=len(arms)))
-        out[fam] = [c.to_dict() for c in stats.family(comps, steps=False)]
+        out[fam] = [c.to_dict() for c in paired_family(res, [(a.reference, a.name) for a in arms], metric)]
     return out
 
 
@@ -236,10 +233,4 @@ def online_vs_frozen(res: SweepResults, metric: str) -> list[stats.Comparison]:
     end with the same quantizer, so the difference is what training on moving IDs cost."""
     pairs = [(f"{q}-frozen", f"{q}-online") for q in QUANTIZER_IDS
              if f"{q}-frozen" in res.runs and f"{q}-online" in res.runs]
-    comps = []
-    for frozen, online in pairs:
-        seeds = res.seeds_of(frozen, online)
-        if seeds:
-            diffs = [_metric(res.runs[online][s], metric) - _metric(res.runs[frozen][s], metric) for s in seeds]
-            comps.append(stats.paired(frozen, online, diffs, res.spec.delta, res.spec.alpha, m=len(pairs)))
-    return stats.family(comps, steps=False)
+    return paired_family(res, pairs, metric)

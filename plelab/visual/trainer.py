@@ -25,8 +25,8 @@ from plelab.train.optim import adamw, optimizer_groups
 from plelab.train.trainer import Trainer, TrainResult
 from plelab.visual.data import SceneSampler, VisualData, caption_losses, prepare_visual
 from plelab.visual.diagnostics import COUNT_KEYS, end_of_run, gradient_per_row, table_weights
-from plelab.visual.flips import FlipMeter
-from plelab.visual.metrics import id_report, id_stability
+from plelab.visual.flips import FlipMeter, flip_stats
+from plelab.visual.metrics import id_report
 from plelab.visual.model import build_visual_model
 from plelab.visual.online import QuantizerTrainer
 from plelab.visual.text import PAD
@@ -100,12 +100,12 @@ class VisualTrainer(Trainer):
 
     def _micro_loss(self, step: int, micro: int, rows: slice) -> torch.Tensor:
         idx = self.sampler.batch(step, self.cfg.train.batch_size, rows)
-        gen = torch.Generator().manual_seed(param_seed(self.cfg.seed, f"vis:{step}:{self.dist.rank}:{micro}"))
         if self.qt is not None:  # the quantizer as it is now; it updates after the last micro-batch
             ids = self.qt.assign(self.data.train_feats[idx])
             if micro == self.cfg.train.grad_accum - 1:
                 self.qt.step()
         else:
+            gen = torch.Generator().manual_seed(param_seed(self.cfg.seed, f"vis:{step}:{self.dist.rank}:{micro}"))
             ids = self.data.batch_ids(idx, gen)
         if self.visual_rows is not None:
             self.visual_rows.update(ids)
@@ -164,7 +164,7 @@ class VisualTrainer(Trainer):
         probe = torch.arange(min(PROBE_SCENES, len(self.data.train_caps)))
         gens = [torch.Generator().manual_seed(param_seed(self.cfg.seed, f"flip{i}")) for i in range(2)]
         first, second = (self.data.batch_ids(probe, g) for g in gens)
-        return id_stability(first, second, self.cfg.visual.k)
+        return flip_stats(first, second, self.cfg.visual.k)
 
     @torch.no_grad()
     def _val_per_token(self, drop_image: bool = False, visual: bool = False):
