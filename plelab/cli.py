@@ -94,6 +94,19 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_run_folder(out: Path) -> None:
+    """Refuse, before anything is read or written, a run folder that cannot be one: a file given as --out,
+    a file or unreadable folder in the place of its parts."""
+    from plelab.io import check_folder_target
+
+    check_folder_target(out, "--out", "choose another --out for the run folder")
+    for name in ("checkpoints", "config.json", "metrics.jsonl", "summary.json"):
+        part = out / name
+        if part.exists() and part.is_dir() != (name == "checkpoints"):
+            kind = "a file" if name == "checkpoints" else "a folder"
+            raise PlelabError(f"{part} is {kind}, so {out} is not a plelab run; move it away or choose another --out")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from plelab.config import RunConfig, apply_overrides, resolve_config, set_value
     from plelab.runtime import resolve_device
@@ -102,12 +115,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if not args.out.strip():
         raise ConfigError("--out is empty; name the run folder, e.g. --out runs/my-run")
+    _check_run_folder(Path(args.out))
     saved = Path(args.out) / "config.json"
     if args.resume and saved.exists():
         try:
             cfg = RunConfig.from_dict(json.loads(saved.read_text()))
         except (OSError, ValueError) as err:
             raise ConfigError(f"cannot read {saved} ({err}); fix it or start a new --out") from None
+        except PlelabError as err:
+            raise ConfigError(f"{saved}: {err}; fix it or start a new --out") from None
         if args.preset is not None and args.preset != cfg.preset:
             raise ConfigError(f"--preset {args.preset} differs from the run's preset {cfg.preset}; "
                               "drop --preset when resuming")
@@ -115,10 +131,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         for key, value in given:
             if value is not None:
                 set_value(cfg, key, value, from_text=isinstance(value, str))
-        cfg = apply_overrides(cfg, args.overrides).validate()
+        cfg = apply_overrides(cfg, args.overrides)
     else:
         cfg = resolve_config(args.preset or "cpu-tiny", args.overrides, dp=args.dp, gate=args.gate, seed=args.seed,
                              steps=args.steps)
+    for key, value in (("train.table_device", args.ple_table_device), ("train.table_optimizer", args.table_optimizer)):
+        if value is not None:
+            set_value(cfg, key, value)
+    cfg.validate()
     for key, value in (("data.path", args.data), ("data.text_field", args.text_field),
                        ("data.tokenizer", args.tokenizer)):
         if value is not None:
@@ -145,6 +165,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from plelab.diagnostics.diagnose import diagnose
     from plelab.report.diagnostics import diagnostics_text, plot_diagnostics, plot_run_history, write_json_report
 
+    if args.out:
+        from plelab.io import check_folder_target
+
+        check_folder_target(args.out, "--out", "give a writable folder for diagnostics.json and the plots")
     rep = diagnose(args.path, reference=args.reference, null_run=args.null, use=not args.no_use,
                    num_layers=args.num_layers, dim=args.dp, windows=args.windows, progress=not args.no_progress,
                    null_reference=args.null_reference)
@@ -153,12 +177,13 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     else:
         print(diagnostics_text(rep))
     if args.out:
-        if Path(args.out).exists() and not Path(args.out).is_dir():
-            raise PlelabError(f"--out {args.out} is a file; give a folder for diagnostics.json and the plots")
+        from plelab.io import ensure_dir, os_reason
+
+        ensure_dir(args.out, "--out", "give a writable folder for diagnostics.json and the plots")
         try:
             write_json_report(rep, Path(args.out) / "diagnostics.json")
         except OSError as err:
-            raise PlelabError(f"cannot write to {args.out}: {err.strerror or err}") from None
+            raise PlelabError(f"cannot write to {args.out}: {os_reason(err)}") from None
         written = plot_diagnostics(rep, args.out)
         if rep.get("run_dir"):
             written += plot_run_history(rep["run_dir"], args.out)
@@ -196,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="your text: .txt/.md/.jsonl/.parquet file, a folder of them, or a HF datasets folder")
     p.add_argument("--text-field", help="JSONL field / Parquet or datasets column holding the text (default 'text')")
     p.add_argument("--tokenizer", help="use this tokenizer.json instead of training a BPE on the corpus")
+    p.add_argument("--ple-table-device", choices=("auto", "cpu"),
+                   help="cpu: keep the per-layer table and its optimizer state in host memory (train.table_device)")
+    p.add_argument("--table-optimizer", choices=("adamw", "row-sparse"),
+                   help="row-sparse: update only the table rows in the batch (train.table_optimizer; default adamw)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     p = sub.add_parser("diagnose", help="has a per-layer table learned structure, and is it used? (early verdict)")
@@ -214,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_diagnose)
 
+    from plelab.train.evaluate import add_eval_parser
+
+    add_eval_parser(sub)
     from plelab.demo import add_demo_parser
 
     add_demo_parser(sub, _config_args)
@@ -237,6 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("plelab: interrupted", file=sys.stderr)
         return 130
+    except OSError as err:  # a file-system failure no check above foresaw: still one line, never a traceback
+        from plelab.io import os_reason
+
+        where = f" {err.filename}" if err.filename else ""
+        print(f"plelab: error: cannot access{where}: {os_reason(err)}; check the path, its permissions and the free "
+              "disk space, then rerun (finished work is kept)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -22,6 +23,53 @@ def cache_dir(*parts: str) -> Path:
         raise PlelabError(f"cannot create the cache folder {path}: {err.strerror or err}; "
                           "set PLELAB_CACHE to a writable folder") from None
     return path
+
+
+def ensure_dir(path: str | os.PathLike, what: str = "output folder", fix: str = "choose another --out") -> Path:
+    """Create the folder ``path`` (and its parents); a one-line :class:`PlelabError` if that is impossible
+    (a file in the way, no permission, a read-only or full disk)."""
+    path = check_folder_target(path, what, fix)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise PlelabError(f"cannot create {what} {path}: {os_reason(err)}; {fix}") from None
+    return path
+
+
+def check_folder_target(path: str | os.PathLike, what: str = "output folder",
+                        fix: str = "choose another --out") -> Path:
+    """Check, writing nothing, that ``path`` is or can become a writable folder: a one-line
+    :class:`PlelabError` if it or one of its parents is a file, or the nearest existing folder is read-only."""
+    path = Path(path)
+    for folder in (path, *path.parents):
+        if not folder.exists():
+            continue
+        if not folder.is_dir():
+            if folder == path:
+                raise PlelabError(f"{what} {path} is a file, not a folder; {fix}")
+            raise PlelabError(f"{what} {path} cannot be created: {folder} is a file, not a folder; {fix}")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PlelabError(f"cannot write to {what} {path}: permission denied in {folder}; {fix}")
+        break
+    return path
+
+
+def os_reason(err: OSError) -> str:
+    """Why a file operation failed, in words (``Not a directory`` says a file sits where a folder is needed)."""
+    reason = err.strerror or str(err)
+    if err.errno in (errno.ENOTDIR, errno.EEXIST):
+        reason += " (a file is in the way where a folder is needed)"
+    return reason
+
+
+def check_name(name: object, what: str) -> str:
+    """``name`` if it is a plain name that stays inside its folder, else a one-line :class:`PlelabError`:
+    no path separator, no ``..``, no leading dot, no control character, not empty."""
+    if not isinstance(name, str) or not name or name.startswith(".") or "/" in name or "\\" in name \
+            or any(ord(c) < 32 for c in name) or len(name) > 200:
+        raise PlelabError(f"invalid {what} {name!r}: a name may not be empty, start with '.', or hold '/', '\\', "
+                          "'..' or control characters (it names a folder inside the output folder)")
+    return name
 
 
 def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:

@@ -58,3 +58,16 @@ def test_console_entry_point_exit_code_and_no_traceback():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "plelab: error: invalid config value model.vocab_size=1: allowed an integer >= 2"
+
+
+def test_unforeseen_file_system_error_is_one_line(monkeypatch, capsys):
+    import plelab.cli as cli
+
+    def boom(args):
+        raise PermissionError(13, "Permission denied", "/data/locked/file")
+
+    monkeypatch.setattr(cli, "cmd_presets", boom)
+    assert cli.main(["presets"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("plelab: error: cannot access /data/locked/file: Permission denied; check the path, its permissions "
+                   "and the free disk space, then rerun (finished work is kept)\n")

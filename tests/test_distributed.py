@@ -62,3 +62,14 @@ def test_ddp_killed_then_resumed_follows_the_same_curve(single, tmp_path):
     for a, b in zip(single, resumed):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-4)
     assert [r["step"] for r in resumed] == list(range(1, 7))
+
+
+def test_ddp_row_sparse_table_matches_one_process(tmp_path):
+    """The row-sparse table is left out of DDP and its rows are averaged by all-gather (train.sparse)."""
+    sparse = ("--table-optimizer", "row-sparse", "--set", "train.diag_every=3")
+    one = _launch(tmp_path / "one", 1, *sparse)
+    two = _launch(tmp_path / "two", 2, *sparse)
+    for a, b in zip(one, two):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-4)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    assert [r["step"] for r in two] == list(range(1, 7))

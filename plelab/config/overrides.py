@@ -7,6 +7,7 @@ the CLI (``--set model.hidden_size=128``) and loadable from JSON with no extra c
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Literal, get_args, get_origin
@@ -94,13 +95,17 @@ def _coerce(key: str, typ: Any, value: Any, from_text: bool) -> Any:
         if isinstance(value, bool):
             raise bad
         if isinstance(value, (int, float)):
-            return float(value)
-        if from_text:
+            number = float(value)
+        elif from_text:
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 raise bad from None
-        raise bad
+        else:
+            raise bad
+        if not math.isfinite(number):  # nan / inf pass "> 0"-style checks and then wreck a run
+            raise ConfigError(f"invalid config value {key}={value!r}: allowed a finite number")
+        return number
     if typ is str:
         if isinstance(value, str):
             return value

@@ -18,6 +18,8 @@ from plelab.errors import ConfigError
 GateKind = Literal["gemma", "scalar", "vector", "none"]
 TableIds = Literal["token", "iid"]
 TableMode = Literal["learned", "frozen", "zero"]
+TableOptimizer = Literal["adamw", "row-sparse"]
+TableDevice = Literal["auto", "cpu"]
 Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
 GATE_KINDS: tuple[str, ...] = ("gemma", "scalar", "vector", "none")
@@ -148,9 +150,18 @@ class TrainConfig:
     table_lr_mult: float = 1.0
     weight_decay: float = 0.1
     table_weight_decay: float = 0.0
+    # The per-layer table's update: "adamw" (dense, the default: earlier studies stay comparable) or
+    # "row-sparse" (sparse row gradients, only the looked-up rows updated; plelab.train.sparse).
+    table_optimizer: TableOptimizer = "adamw"
+    # Where the per-layer table and its optimizer state live: "auto" (with the trunk) or "cpu" (host
+    # memory while the trunk runs on the accelerator; the batch's rows are copied over each step).
+    table_device: TableDevice = "auto"
     warmup_steps: int = 20
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
+    # Steps with a non-finite loss or gradient that may be skipped (no update) before the run stops; 0 = stop
+    # at the first (with the layer and step named). Skipped steps are logged and counted in summary.json.
+    skip_nonfinite: int = 0
     eval_every: int = 50
     eval_batches: int = 8
     log_every: int = 10
@@ -189,6 +200,7 @@ class TrainConfig:
         _require(self.warmup_steps >= 0, "train.warmup_steps", self.warmup_steps, "an integer >= 0")
         _require(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio", self.min_lr_ratio, "a number in [0, 1]")
         _require(self.grad_clip >= 0, "train.grad_clip", self.grad_clip, "a number >= 0 (0 = off)")
+        _require(self.skip_nonfinite >= 0, "train.skip_nonfinite", self.skip_nonfinite, "an integer >= 0 (0 = stop)")
         _require(self.eval_every >= 1, "train.eval_every", self.eval_every, "an integer >= 1")
         _require(self.eval_batches >= 1, "train.eval_batches", self.eval_batches, "an integer >= 1")
         _require(self.log_every >= 1, "train.log_every", self.log_every, "an integer >= 1")
@@ -202,6 +214,14 @@ class TrainConfig:
         _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "train.device",
                  self.device, "auto | cpu | cuda | cuda:N")
         _require(self.threads >= 0, "train.threads", self.threads, "an integer >= 0 (0 = all cores)")
+        _require(self.table_optimizer in ("adamw", "row-sparse"), "train.table_optimizer", self.table_optimizer,
+                 "adamw | row-sparse")
+        _require(self.table_device in ("auto", "cpu"), "train.table_device", self.table_device, "auto | cpu")
+        _require(self.parallel == "ddp" or (self.table_optimizer == "adamw" and self.table_device == "auto"),
+                 "train.parallel", self.parallel, "ddp with train.table_optimizer=row-sparse or "
+                 "train.table_device=cpu (FSDP2 shards the table densely)")
+        _require(not self.compile or self.table_optimizer == "adamw", "train.compile", self.compile,
+                 "false with train.table_optimizer=row-sparse (sparse gradients do not compile)")
 
 
 @dataclass
@@ -331,6 +351,9 @@ class RunConfig:
                      "none when ple.dim=0 (the visual table is a per-layer table: set ple.dim > 0, or "
                      "visual.table=false / visual.injection=layer0)")
             _require(self.ple.ids == "token", "ple.ids", self.ple.ids, "token in a visual run (use visual.ids=random)")
+            _require(self.train.table_optimizer == "adamw" and self.train.table_device == "auto",
+                     "train.table_optimizer", self.train.table_optimizer,
+                     "adamw (and train.table_device=auto) in a visual run: its tables are small and dense")
         return self
 
     def to_dict(self) -> dict:

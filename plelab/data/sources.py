@@ -36,15 +36,33 @@ def _decode(path: Path, data: bytes) -> str:
         raise PlelabError(f"{path} is not UTF-8 (invalid byte at offset {err.start}); convert it to UTF-8") from None
 
 
+LONG_LINE = 16  # a line longer than this many documents' worth (min_chars) is cut, e.g. a file on one line
+
+
+def _cut_line(line: str, size: int):
+    """``line`` in pieces of about ``size`` characters, cut at a space where one is near (else anywhere)."""
+    while len(line) > size:
+        cut = line.rfind(" ", size // 2, size)
+        cut = size if cut <= 0 else cut
+        yield line[:cut]
+        line = line[cut:]
+    yield line
+
+
 def _pieces(text: str, min_chars: int):
     """Blank-line-separated paragraphs; a paragraph longer than ``min_chars`` (e.g. a file with one
-    sentence per line and no blank lines) is cut further at line ends."""
+    sentence per line and no blank lines) is cut further at line ends, and a huge line (a whole
+    file without line breaks) at spaces, so that it still gives many documents."""
     for para in text.replace("\r\n", "\n").replace("\r", "\n").split("\n\n"):
         if len(para) <= min_chars:
             yield para
             continue
         buf, size = [], 0
-        for line in para.split("\n"):
+        lines = para.split("\n")
+        if any(len(line) > LONG_LINE * min_chars for line in lines):
+            lines = [piece for line in lines for piece in
+                     (_cut_line(line, min_chars) if len(line) > LONG_LINE * min_chars else (line,))]
+        for line in lines:
             buf.append(line)
             size += len(line) + 1
             if size >= min_chars:

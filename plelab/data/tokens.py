@@ -95,7 +95,7 @@ def prepare_tokens(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> Token
         if not path.exists():
             ids = _encode(tok, docs)
             atomic_write(path, lambda p, ids=ids: _save_npy(p, ids))
-        arrays[split] = np.load(path, mmap_mode="r")
+        arrays[split] = np.load(path, mmap_mode="r", allow_pickle=False)
     return TokenData(arrays["train"], arrays["val"], corpus.fingerprint, corpus.name, len(train_docs), len(val_docs),
                      dups)
 

@@ -33,6 +33,16 @@ def _full(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.full_tensor() if t is not None and hasattr(t, "full_tensor") else t
 
 
+def row_gradient(weight: torch.Tensor) -> torch.Tensor | None:
+    """A table's gradient on the rows that may have one: ``[rows, D]`` (dense: all rows; sparse, from
+    ``train.table_optimizer=row-sparse``: the rows present). Sums of squares over it equal those of the
+    full gradient. None when there is none."""
+    g = weight.grad
+    if g is None:
+        return None
+    return g.coalesce().values() if g.is_sparse else g
+
+
 def _sq_sum(t: torch.Tensor, cols: slice = slice(None)) -> torch.Tensor:
     """Sum of squares of ``t[:, cols]`` (or all of ``t``) without gathering a sharded tensor:
     for an FSDP2 DTensor (rows sharded) each rank sums its shard and one all-reduce adds them."""
@@ -101,7 +111,7 @@ class SignalProbe:
 def gradient_norms(model: PLECausalLM) -> dict[str, list]:
     """Per-layer gradient norms after a backward: table slice, gate, projection and trunk."""
     tm, dP = model.model, model.pc.dim
-    table_grad = tm.embed_tokens_per_layer.weight.grad
+    table_grad = row_gradient(tm.embed_tokens_per_layer.weight)  # dense, or the rows of a sparse gradient
     out: dict[str, list] = {"grad_table": [], "grad_gate": [], "grad_proj": [], "grad_trunk": []}
     for i, layer in enumerate(tm.layers):
         out["grad_table"].append(None if table_grad is None else

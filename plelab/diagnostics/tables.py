@@ -18,10 +18,10 @@ from safetensors import SafetensorError, safe_open
 
 from plelab.config.schema import RunConfig
 from plelab.errors import PlelabError
+from plelab.model.loading import SAFETENSORS_DTYPES as _DTYPES
 from plelab.train.checkpoint import list_checkpoints, read_state
 
 TABLE_SUFFIX = "embed_tokens_per_layer.weight"
-_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 CHUNK_BYTES = 64 * 2**20
 
 
@@ -130,7 +130,11 @@ def find_table(path: str | Path, num_layers: int | None = None, dim: int | None 
         ckpt, run_dir = p, p.parent.parent if p.parent.name == "checkpoints" else None
     if ckpt is not None:
         state = read_state(ckpt, for_resume=False)
-        cfg, step = RunConfig.from_dict(state["config"]), state["step"]
+        try:
+            cfg, step = RunConfig.from_dict(state["config"]), int(state["step"])
+        except (PlelabError, TypeError, ValueError) as err:
+            raise PlelabError(f"{ckpt}/state.json holds no valid config ({err}); the checkpoint is damaged or from "
+                              "another plelab version") from None
         if not cfg.ple.enabled:
             raise PlelabError(f"{ckpt} is a dP=0 run: it has no per-layer table to diagnose")
         file, key, shape = _find_in_safetensors(ckpt / "model.safetensors")

@@ -73,17 +73,31 @@ def init_weights(model: PLECausalLM, seed: int) -> PLECausalLM:
     return model
 
 
+def materialise(model: PLECausalLM, device: str | torch.device, table_device: str | torch.device | None) -> None:
+    """``to_empty`` for a meta-device model, the per-layer table on ``table_device`` (None: skip it, left on
+    the meta device for the caller to fill; default placement when equal to ``device``)."""
+    table = getattr(model.model, "embed_tokens_per_layer", None)
+    for module in model.modules():
+        if module is not table:
+            module.to_empty(device=device, recurse=False)
+    if table is not None and table_device is not None:
+        table.to_empty(device=table_device)
+
+
 def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | torch.device = "cpu",
-                dtype: torch.dtype = torch.float32) -> PLECausalLM:
+                dtype: torch.dtype = torch.float32, table_device: str | torch.device | None = None) -> PLECausalLM:
     """Construct on the meta device (instant at any size), then materialise on ``device`` and init.
 
-    ``device="meta"`` returns the uninitialised skeleton, for parameter accounting.
+    ``device="meta"`` returns the uninitialised skeleton, for parameter accounting. ``table_device``
+    materialises the per-layer table there instead (e.g. host memory under a GPU trunk); the table
+    is never allocated on ``device``. Values do not depend on where a parameter lives.
     """
     with torch.device("meta"):
         model = PLECausalLM(mc, pc)
     if str(device) == "meta":
         return model
-    model = model.to_empty(device=device).to(dtype)
+    materialise(model, device, table_device if table_device is not None else device)
+    model.to(dtype)
     init_weights(model, seed)
     if pc.enabled and pc.table != "learned":  # the frozen / zero controls: the optimizer never sees it
         model.model.embed_tokens_per_layer.weight.requires_grad_(False)

@@ -130,8 +130,20 @@ class PLETextModel(nn.Module):
         return self.embed_tokens(input_ids) * self.embed_scale
 
     def per_layer_token_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token-identity part ``z = sqrt(dP)·T[x̃]``, ids >= Vp mapped to 0: ``[B,T]`` -> ``[B,T,L,dP]``."""
-        z = self.embed_tokens_per_layer(self.table_ids(input_ids)) * self.ple_embed_scale
+        """Token-identity part ``z = sqrt(dP)·T[x̃]``, ids >= Vp mapped to 0: ``[B,T]`` -> ``[B,T,L,dP]``.
+
+        A table kept on another device (``train.table_device=cpu``, or a memory-mapped table) is read
+        there: only the batch's rows travel, through pinned memory and an asynchronous copy to CUDA.
+        """
+        ids = self.table_ids(input_ids)
+        table = self.embed_tokens_per_layer
+        if table.weight.device != ids.device:
+            rows = table(ids.to(table.weight.device))
+            if ids.device.type == "cuda":
+                rows = rows.pin_memory()
+            z = rows.to(ids.device, non_blocking=True) * self.ple_embed_scale
+        else:
+            z = table(ids) * self.ple_embed_scale
         return z.view(*input_ids.shape, self.mc.num_hidden_layers, self.pc.dim)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor,

@@ -94,6 +94,10 @@ def _report(root: Path) -> None:
     from plelab.sweep.spec import load_spec
 
     spec = load_spec(root)
+    if spec is not None:
+        from plelab.io import check_folder_target
+
+        check_folder_target(root / "report", "report folder", "move it away and rerun plelab report")
     if spec is not None and spec.kind == "visual":
         from plelab.report.visual import write_visual_report
 

@@ -45,8 +45,13 @@ class RunResult:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
+    """The rows of a JSONL file; none if it is missing or unreadable (a run deleted halfway)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
     rows = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             rows.append(json.loads(line))
         except ValueError:
@@ -106,16 +111,21 @@ def read_run(job: RunJob, last_k: int) -> RunResult:
     rows = _read_jsonl(job.path / "metrics.jsonl")
     vals = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
     if not vals:
-        raise PlelabError(f"run {job.path} is marked done but its metrics.jsonl has no validation loss; "
-                          "delete that run folder and rerun the sweep to redo it")
-    summary = json.loads((job.path / "summary.json").read_text())
+        raise PlelabError(f"run {job.path} is marked done but its metrics.jsonl is missing or has no validation "
+                          "loss; delete that run folder and rerun the sweep to redo it")
+    try:
+        summary = json.loads((job.path / "summary.json").read_text())
+        tokens, wall, tps = (summary[k] for k in ("tokens_seen", "wall_seconds", "tokens_per_second"))
+    except (OSError, ValueError, TypeError, KeyError):
+        raise PlelabError(f"run {job.path} has a damaged summary.json; delete that run folder and rerun the sweep "
+                          "to redo it") from None
     diag_rows = [r for r in rows if "diag" in r]
     tc = job.cfg.train
     early = tc.early_checkpoint
     result = RunResult(
         arm=job.arm.name, seed=job.seed, loss=float(np.mean([v for _, v in vals[-last_k:]])), val_history=vals,
-        train_curve=[(r["step"], r["loss"]) for r in rows if "loss" in r], tokens_seen=summary["tokens_seen"],
-        wall_seconds=summary["wall_seconds"], tokens_per_second=summary["tokens_per_second"],
+        train_curve=[(r["step"], r["loss"]) for r in rows if "loss" in r], tokens_seen=tokens,
+        wall_seconds=wall, tokens_per_second=tps,
         signal=_signal(diag_rows[-1] if diag_rows else None), early_step=early, visual=summary.get("visual", {}))
     if job.cfg.ple.enabled:
         final = _checkpoint(job.path, tc.steps)

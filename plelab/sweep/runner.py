@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from plelab.config import RunConfig, resolve_config
 from plelab.config.schema import QUANTIZER_IDS
 from plelab.errors import PlelabError
-from plelab.io import atomic_write, write_json
+from plelab.io import atomic_write, ensure_dir, write_json
 from plelab.runtime import available_cores
 from plelab.sweep.spec import Arm, SweepSpec, run_dir, save_spec
 
@@ -59,7 +59,7 @@ def _saved_or_resolved(spec: SweepSpec, arm: Arm, seed: int, path: Path) -> RunC
         return run_config(spec, arm, seed)
     try:
         return RunConfig.from_dict(json.loads(saved.read_text()))
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, PlelabError) as err:
         raise PlelabError(f"{saved} is unreadable ({err}); delete that run folder and rerun the sweep") from None
 
 
@@ -98,7 +98,7 @@ def run_state(job: RunJob) -> str:
 
 @contextmanager
 def sweep_lock(root: Path):
-    Path(root).mkdir(parents=True, exist_ok=True)
+    ensure_dir(root, "sweep folder", "choose another --out")
     with open(Path(root) / ".lock", "w") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from plelab.errors import PlelabError
-from plelab.io import write_json
+from plelab.io import check_name, write_json
 
 CONTROLS = ("frozen", "zero", "matched", "table-lr", "boost")
 SPEC_FILE = "sweep.json"
@@ -92,7 +92,7 @@ class SweepSpec:
 
 
 def run_dir(root: Path, arm: str, seed: int) -> Path:
-    return Path(root) / "runs" / arm / f"seed-{seed}"
+    return Path(root) / "runs" / check_name(arm, "arm name") / f"seed-{int(seed)}"
 
 
 def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = None,
@@ -140,7 +140,7 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
         arms.append(Arm(f"dp{control_dp}-boost", [f"ple.dim={control_dp}", f"ple.table_scale={BOOST:g}"], "boost",
                         control_dp, reference=f"dp{control_dp}",
                         description=f"table multiplier ×{BOOST:g} (stronger injected signal)"))
-    names = [a.name for a in arms]
+    names = [check_name(a.name, "arm name") for a in arms]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise PlelabError(f"two arms are both named {dup!r}; rename the --variant")
@@ -181,10 +181,18 @@ def load_spec(root: Path) -> SweepSpec | None:
     if not path.exists():
         return None
     try:
-        return SweepSpec.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError) as err:
+        spec = SweepSpec.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError) as err:
         raise PlelabError(f"{path} is not a readable plelab sweep ({err}); restore it or choose another --out"
                           ) from None
+    try:  # names become folders under runs/: none may lead outside the sweep
+        for arm in spec.arms:
+            check_name(arm.name, "arm name")
+        if not isinstance(spec.seeds, list) or not all(type(s) is int for s in spec.seeds):
+            raise PlelabError(f"invalid seeds {spec.seeds!r}: a list of integers")
+    except PlelabError as err:
+        raise PlelabError(f"{path} is not a valid plelab sweep ({err}); restore it or choose another --out") from None
+    return spec
 
 
 def merge_spec(root: Path, new: SweepSpec) -> SweepSpec:

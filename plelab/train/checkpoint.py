@@ -77,13 +77,21 @@ def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: 
     rng = {"rng.torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["rng.cuda"] = torch.cuda.get_rng_state()
-    save_file(model_tensors, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
-    maybe_fault("mid_checkpoint", step)
-    save_file({**opt_tensors, **rng, **(extra_tensors or {})}, str(tmp / "optimizer.safetensors"),
-              metadata={"format": FORMAT})
-    if diagnostics is not None:
-        write_json(tmp / "diagnostics.json", diagnostics)
-    write_json(tmp / "state.json", {"format": FORMAT, "step": step, **state})
+    try:
+        save_file(model_tensors, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
+        maybe_fault("mid_checkpoint", step)
+        save_file({**opt_tensors, **rng, **(extra_tensors or {})}, str(tmp / "optimizer.safetensors"),
+                  metadata={"format": FORMAT})
+        if diagnostics is not None:
+            write_json(tmp / "diagnostics.json", diagnostics)
+        write_json(tmp / "state.json", {"format": FORMAT, "step": step, **state})
+    except (OSError, SafetensorError) as err:  # e.g. no space left on device: the half checkpoint goes
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = [p.name for p in list_checkpoints(run_dir)]
+        why = getattr(err, "strerror", None) or str(err).splitlines()[0]
+        then = (f"the previous checkpoint {kept[-1]} is intact — free space and continue with --resume" if kept
+                else "no earlier checkpoint exists — free space and start the run again")
+        raise PlelabError(f"cannot write checkpoint {final.name} in {root}: {why}; {then}") from None
     if final.exists():  # a re-save of the same step (resume that ended exactly here)
         shutil.rmtree(final)
     tmp.rename(final)
@@ -165,3 +173,28 @@ def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, ckp
         torch.cuda.set_rng_state(tensors["rng.cuda"])
     moments = {f"{n}.{k}" for n in names for k in ("step", "exp_avg", "exp_avg_sq")}
     return {k: v for k, v in tensors.items() if k not in moments and not k.startswith("rng.")}
+
+
+def _lookup(d: dict, key: str):
+    for part in key.split("."):
+        d = d[part]
+    return d
+
+
+def check_resumable(run: Path, state: dict, cfg, keys: tuple[str, ...], fingerprint: str) -> None:
+    """Refuse to resume ``run`` from a checkpoint ``state`` trained with other values of ``keys`` (config
+    keys that change what a step computes) or on another corpus."""
+    from plelab.config.schema import RunConfig
+
+    try:  # through the config class: a section added since the checkpoint reads as its defaults
+        saved = RunConfig.from_dict(state["config"]).to_dict()
+    except PlelabError as err:
+        raise PlelabError(f"cannot resume {run}: its checkpoint's config is not valid here ({err})") from None
+    now = cfg.to_dict()
+    for key in keys:
+        if _lookup(saved, key) != _lookup(now, key):
+            raise PlelabError(f"cannot resume {run}: its checkpoint was trained with a different {key}; "
+                              "resume with the run's own config or start a new --out")
+    if state["corpus_fingerprint"] != fingerprint:
+        raise PlelabError(f"cannot resume {run}: it was trained on another corpus (sha256 "
+                          f"{state['corpus_fingerprint'][:12]}…, now {fingerprint[:12]}…); pass the run's own --data")

@@ -79,17 +79,21 @@ def mean_across_ranks(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
 
 
 def wrap_model(model: nn.Module, mode: str, info: DistInfo, device: torch.device,
-               bf16: bool) -> nn.Module:
+               bf16: bool, ignore: tuple[str, ...] | list[str] = ()) -> nn.Module:
     """DDP, or FSDP2 with one unit per decoder layer, one for the PLE table and one for the root.
 
     FSDP2 shards parameters in place (``model`` itself becomes the sharded module) and
     the return value is ``model``; DDP returns a wrapper whose ``.module`` is ``model``.
+    DDP neither broadcasts nor reduces the parameters named in ``ignore`` (the row-sparse table,
+    whose gradient the trainer averages itself: NCCL has no sparse all-reduce).
     """
     if not info.enabled:
         return model
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
+        if ignore:
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(ignore))
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if mode == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

@@ -78,8 +78,12 @@ class MetricSinks:
             self.wandb = wandb.init(project=wandb_project, dir=str(run_dir), config=config, name=run_dir.name)
 
     def write(self, row: dict) -> None:
-        self.jsonl.write(json.dumps(row) + "\n")
-        self.jsonl.flush()
+        try:
+            self.jsonl.write(json.dumps(row) + "\n")
+            self.jsonl.flush()
+        except OSError as err:
+            raise PlelabError(f"cannot append to {self.jsonl.name}: {err.strerror or err}; free space (or fix the "
+                              "folder) and continue the run with --resume from its last checkpoint") from None
         step = row["step"]
         if self.tb is not None:
             for k, v in row.items():

@@ -8,6 +8,8 @@ Groups (they partition the model's parameters; asserted):
   (an embedding table: no decay, as for the PLE table).
 - ``ple_table``: ``embed_tokens_per_layer`` alone, with ``train.table_lr`` (× ``train.table_lr_mult``) and
   ``train.table_weight_decay`` (default 0). Absent when the table is frozen (``ple.table``).
+  With ``train.table_optimizer=row-sparse`` the group is marked ``row_sparse`` and stepped row by row
+  (:mod:`plelab.train.sparse`); every other group is plain AdamW either way.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import nn
 
 from plelab.config.schema import TrainConfig
 from plelab.model.accounting import param_groups
+from plelab.train.sparse import RowSparseAdamW
 
 
 def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:
@@ -38,14 +41,17 @@ def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:
     assert n + frozen == len(list(model.parameters())), "optimizer groups do not cover the model"
     table_lr = (tc.lr if tc.table_lr is None else tc.table_lr) * tc.table_lr_mult
     spec = {"decay": (tc.lr, tc.weight_decay), "no_decay": (tc.lr, 0.0), "ple_table": (table_lr, tc.table_weight_decay)}
-    return [{"name": k, "params": v, "lr": spec[k][0], "base_lr": spec[k][0], "weight_decay": spec[k][1]}
+    sparse = tc.table_optimizer == "row-sparse"
+    return [{"name": k, "params": v, "lr": spec[k][0], "base_lr": spec[k][0], "weight_decay": spec[k][1],
+             **({"row_sparse": True} if sparse and k == "ple_table" else {})}
             for k, v in groups.items() if v]
 
 
 def adamw(groups: list[dict]) -> torch.optim.AdamW:
     """plelab's AdamW (β = 0.9, 0.95; ε = 1e-8). foreach=False keeps CPU results bit-identical across runs
-    and group layouts."""
-    return torch.optim.AdamW(groups, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    and group layouts. Groups marked ``row_sparse`` make it a :class:`RowSparseAdamW`."""
+    cls = RowSparseAdamW if any(g.get("row_sparse") for g in groups) else torch.optim.AdamW
+    return cls(groups, betas=(0.9, 0.95), eps=1e-8, foreach=False)
 
 
 def build_optimizer(model: nn.Module, tc: TrainConfig) -> torch.optim.AdamW:

@@ -46,10 +46,12 @@ from plelab.train.distributed import (
     wrap_model,
 )
 from plelab.train.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
+from plelab.train.nonfinite import describe_nonfinite
 from plelab.train.optim import build_optimizer, lr_multiplier, set_lr
+from plelab.train.sparse import all_reduce_sparse_grad, clip_grad_norm, coalesce_sparse_grads
 
 # Config keys that must match for a checkpoint to be resumed (they change what a step computes).
-_RESUME_KEYS = ("seed", "model", "ple", "train.batch_size", "train.seq_len", "visual")
+_RESUME_KEYS = ("seed", "model", "ple", "train.batch_size", "train.seq_len", "train.table_optimizer", "visual")
 
 
 @dataclass
@@ -63,12 +65,6 @@ class TrainResult:
     @property
     def final_val_loss(self) -> float:
         return self.val_history[-1][1]
-
-
-def _lookup(d: dict, key: str):
-    for part in key.split("."):
-        d = d[part]
-    return d
 
 
 class Trainer:
@@ -90,13 +86,15 @@ class Trainer:
         self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and self.device.type == "cuda")
         self.model = self._build_model()
         self.lm: PLECausalLM = self.model if isinstance(self.model, PLECausalLM) else self.model.lm
+        self.sparse_table = self._setup_table()
         self.rows: RowCounter | None = None
         if cfg.ple.enabled:
             vp = cfg.ple.resolved_vocab_size(cfg.model)
             self.rows = RowCounter(vp, self.device)
             if cfg.ple.ids == "iid":
                 self.lm.model.set_iid_frequencies(torch.from_numpy(data.train_counts(vp)).to(self.device))
-        self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device, self.bf16)
+        sparse_names = ["model.embed_tokens_per_layer.weight"] if self.sparse_table is not None else []
+        self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device, self.bf16, ignore=sparse_names)
         self.opt = self._build_optimizer()
         self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
         self.tokens_per_step = tc.batch_size * tc.seq_len
@@ -107,13 +105,29 @@ class Trainer:
         self.val_history: list[tuple[int, float]] = []
         self.recent_losses: list[float] = []  # the last eval_every train losses (for the train–val gap)
         self.table_alpha = 1.0  # Π (1 − lr·wd) of the table group: how much of W_0 is left in W_t
+        self.skipped_steps = 0  # steps skipped for a non-finite loss or gradient (train.skip_nonfinite)
         self.sinks = None
         if self.run_dir is not None:
             self._open_run(resume)
 
     # ---- what a kind of run defines (text LM here; plelab.visual.trainer overrides them) -------
     def _build_model(self) -> torch.nn.Module:
-        return build_model(self.cfg.model, self.cfg.ple, seed=self.cfg.seed, device=self.device)
+        return build_model(self.cfg.model, self.cfg.ple, seed=self.cfg.seed, device=self.device,
+                           table_device="cpu" if self.cfg.train.table_device == "cpu" else None)
+
+    def _setup_table(self) -> torch.nn.Parameter | None:
+        """Switch the table to sparse row gradients (``train.table_optimizer=row-sparse``); returns its
+        weight then. Under torchrun DDP leaves it alone and the trainer averages its rows itself."""
+        tc, pc = self.cfg.train, self.cfg.ple
+        if self.dist.enabled and tc.table_device == "cpu" and tc.table_optimizer != "row-sparse":
+            raise PlelabError("train.table_device=cpu under torchrun needs train.table_optimizer=row-sparse "
+                              "(a dense host-side gradient cannot be all-reduced by NCCL); add --set "
+                              "train.table_optimizer=row-sparse")
+        if tc.table_optimizer != "row-sparse" or not pc.enabled or pc.table != "learned":
+            return None
+        table = self.lm.model.embed_tokens_per_layer
+        table.sparse = True
+        return table.weight
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         return build_optimizer(self.model, self.cfg.train)
@@ -166,31 +180,8 @@ class Trainer:
         latest = found[-1] if found else None
         state = ckpt.read_state(latest) if latest is not None else None
         if state is not None:
-            try:  # through the config class: a section added since the checkpoint reads as its defaults
-                saved = RunConfig.from_dict(state["config"]).to_dict()
-            except PlelabError as err:
-                raise PlelabError(f"cannot resume {run}: its checkpoint's config is not valid here ({err})") from None
-            now = self.cfg.to_dict()
-            for key in _RESUME_KEYS:
-                if _lookup(saved, key) != _lookup(now, key):
-                    raise PlelabError(f"cannot resume {run}: its checkpoint was trained with a different {key}; "
-                                      "resume with the run's own config or start a new --out")
-            if state["corpus_fingerprint"] != self.data.corpus_fingerprint:
-                raise PlelabError(f"cannot resume {run}: it was trained on another corpus (sha256 "
-                                  f"{state['corpus_fingerprint'][:12]}…, now {self.data.corpus_fingerprint[:12]}…); "
-                                  "pass the run's own --data")
-        MetricSinks.check_available(self.cfg.train)
-        barrier(self.dist)  # every rank has checked before rank 0 writes
-        ok = True
-        if main:
-            try:
-                run.mkdir(parents=True, exist_ok=True)
-                write_json(run / "config.json", self.cfg.to_dict())
-            except OSError as err:
-                ok, why = False, f"cannot write to output folder {run}: {err.strerror or err}"
-        if not all_ranks_ok(ok, self.dist):
-            raise PlelabError(why if main else f"rank 0 could not write to {run}")
-        if state is not None:
+            ckpt.check_resumable(run, state, self.cfg, _RESUME_KEYS, self.data.corpus_fingerprint)
+            # tensors first: a checkpoint that does not load leaves config.json as it was
             ckpt.load_model_weights(self.model, latest)
             saved_extra = ckpt.load_optimizer_state(self.model, self.opt, latest)
             if self.rows is not None and "diag.row_counts" in saved_extra:
@@ -202,10 +193,22 @@ class Trainer:
             self.val_history = [tuple(v) for v in state["val_history"]]
             self.recent_losses = list(state["recent_train_losses"])
             self.table_alpha = state.get("table_decay_alpha", 1.0)
+            self.skipped_steps = state.get("skipped_steps", 0)
             self.wall_before = state["wall_seconds"]
             self.log(f"resumed {run} from {latest.name} (step {self.step})")
         elif resume:
             self.log(f"no checkpoint in {run} yet: starting from step 0")
+        MetricSinks.check_available(self.cfg.train)
+        barrier(self.dist)  # every rank has checked before rank 0 writes
+        ok = True
+        if main:
+            try:
+                run.mkdir(parents=True, exist_ok=True)
+                write_json(run / "config.json", self.cfg.to_dict())
+            except OSError as err:
+                ok, why = False, f"cannot write to output folder {run}: {err.strerror or err}"
+        if not all_ranks_ok(ok, self.dist):
+            raise PlelabError(why if main else f"rank 0 could not write to {run}")
         if main:
             if state is not None:
                 truncate_jsonl(run / "metrics.jsonl", self.step)
@@ -227,6 +230,7 @@ class Trainer:
             ckpt.save_checkpoint(self.run_dir, self.step, model_t, opt_t, {
                 "tokens_seen": self.tokens_seen, "val_history": self.val_history, "config": self.cfg.to_dict(),
                 "recent_train_losses": self.recent_losses, "table_decay_alpha": self.table_alpha,
+                "skipped_steps": self.skipped_steps,
                 "wall_seconds": self.wall_before + self._elapsed(), "corpus_fingerprint": self.data.corpus_fingerprint,
                 "world_size": self.dist.world_size, "extra": self._state_extra()},
                 keep=self.cfg.train.keep_checkpoints, extra_tensors=extra,
@@ -259,15 +263,23 @@ class Trainer:
                 self.rows.update(self.lm.model.last_table_ids)
             (loss / tc.grad_accum).backward()
             total += loss.detach()
+        if self.sparse_table is not None and self.sparse_table.grad is not None:
+            coalesce_sparse_grads([self.sparse_table])
+            if self.dist.enabled:
+                all_reduce_sparse_grad(self.sparse_table, self.dist.world_size,
+                                       self.device if self.device.type == "cuda" else torch.device("cpu"))
         loss = mean_across_ranks(total / tc.grad_accum, self.dist).item()
+        rows0 = slice(self.dist.rank * tc.grad_accum * self.micro_batch, (self.dist.rank * tc.grad_accum + 1)
+                      * self.micro_batch)
         if not math.isfinite(loss):
-            raise PlelabError(f"the loss became {loss} at step {step + 1}; lower train.lr or check the data "
-                              "(the last checkpoint is kept)")
+            return self._nonfinite(step, f"the loss became {loss}", rows0)
         extra = live_row(first_probe, self.lm, self.rows, self.dist) if diag_step else {}
         if diag_step:
             extra["diag"].update(self._live_extra())
-        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip if tc.grad_clip > 0 else math.inf)
+        gnorm = clip_grad_norm(list(self.model.parameters()), tc.grad_clip if tc.grad_clip > 0 else math.inf)
         gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
+        if not math.isfinite(gnorm.item()):
+            return self._nonfinite(step, f"the gradient norm became {gnorm.item()}", rows0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         for g in self.opt.param_groups:
@@ -285,6 +297,28 @@ class Trainer:
                 "tokens_per_second": tps,
                 "mfu": (tps * self.flops_per_token / (self.peak_flops * self.dist.world_size)
                         if self.peak_flops else None), **extra}
+
+    def _nonfinite(self, step: int, what: str, rows: slice) -> dict:
+        """A non-finite loss or gradient at ``step``: name its origin, then skip the step (while
+        ``train.skip_nonfinite`` allows) or stop before any update with a one-line error."""
+        def again():
+            with self._autocast():
+                self._micro_loss(step, 0, rows)
+        detail = describe_nonfinite(self.model, again)
+        self.opt.zero_grad(set_to_none=True)
+        tc = self.cfg.train
+        if self.skipped_steps < tc.skip_nonfinite:
+            self.skipped_steps += 1
+            self.step += 1
+            self.tokens_seen += self.tokens_per_step
+            return {"step": self.step, "tokens": self.tokens_seen, "lr": self.opt.param_groups[0]["lr"],
+                    "skipped": f"{what}; {detail} (skip {self.skipped_steps} of train.skip_nonfinite="
+                               f"{tc.skip_nonfinite})"}
+        found = ckpt.list_checkpoints(self.run_dir) if self.run_dir is not None else []
+        kept = f"its last checkpoint ({found[-1].name}) is kept" if found else "no checkpoint was written yet"
+        raise PlelabError(f"{what} at step {step + 1}; {detail}. The run stopped before updating; {kept}. Lower "
+                          f"train.lr or raise train.warmup_steps, check the data, or let up to N such steps be "
+                          f"skipped with --set train.skip_nonfinite=N")
 
     def evaluate(self) -> float:
         """Mean next-token CE (nats) over the fixed validation windows (every rank runs all of them)."""
@@ -318,19 +352,24 @@ class Trainer:
             while self.step < tc.steps:
                 row = self.train_step()
                 maybe_fault("after_step", self.step)
-                result.train_losses.append(row["loss"])
-                self.recent_losses = (self.recent_losses + [row["loss"]])[-tc.eval_every:]
+                if "loss" in row:
+                    result.train_losses.append(row["loss"])
+                    self.recent_losses = (self.recent_losses + [row["loss"]])[-tc.eval_every:]
                 if self.step % tc.eval_every == 0 or self.step == tc.steps:
                     row["val_loss"] = self.evaluate()
                     self.val_history.append((self.step, row["val_loss"]))
-                    row["train_val_gap"] = row["val_loss"] - sum(self.recent_losses) / len(self.recent_losses)
+                    if self.recent_losses:
+                        row["train_val_gap"] = row["val_loss"] - sum(self.recent_losses) / len(self.recent_losses)
                 if main:
                     if self.sinks is not None:
                         self.sinks.write(row)
-                    if self.step % tc.log_every == 0 or "val_loss" in row:
+                    if "skipped" in row:
+                        say(f"step {row['step']}: skipped — {row['skipped']}")
+                    elif self.step % tc.log_every == 0 or "val_loss" in row:
                         say(step_line(row, tc.steps))
                     bar.update(1)
-                    bar.set_postfix(loss=f"{row['loss']:.3f}")
+                    if "loss" in row:
+                        bar.set_postfix(loss=f"{row['loss']:.3f}")
                 if self.run_dir is not None and (
                         (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or self.step == tc.steps
                         or self.step == tc.early_checkpoint):
@@ -350,15 +389,21 @@ class Trainer:
         if self.run_dir is None or not self.dist.is_main:
             return
         tc = self.cfg.train
-        write_json(self.run_dir / "summary.json", {
+        summary = {
             "final_train_loss": (result.train_losses or self.recent_losses or [None])[-1],
             "final_val_loss": self.val_history[-1][1] if self.val_history else None,
             "val_unigram_entropy": self.data.unigram_entropy(self.cfg.model.vocab_size),
             "steps": self.step, "tokens_seen": self.tokens_seen,
             "epochs": self.sampler.epochs(self.step, tc.batch_size), "wall_seconds": result.wall_seconds,
             "tokens_per_second": result.tokens_per_second, "world_size": self.dist.world_size,
+            "skipped_steps": self.skipped_steps,
             "params": sum(p.numel() for p in self.model.parameters()),
-            **self._summary_extra(), **provenance(self.cfg, self.data.corpus_fingerprint)})
+            **self._summary_extra(), **provenance(self.cfg, self.data.corpus_fingerprint)}
+        try:
+            write_json(self.run_dir / "summary.json", summary)
+        except OSError as err:
+            raise PlelabError(f"cannot write {self.run_dir / 'summary.json'}: {err.strerror or err}; the final "
+                              "checkpoint is saved — free space and rerun with --resume to write the summary") from None
 
 
 def train(cfg: RunConfig, data: TokenData, out_dir: str | Path | None = None, progress: bool = True,

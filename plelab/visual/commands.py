@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from plelab.errors import ConfigError
+from plelab.errors import ConfigError, PlelabError
 
 
 def id_table(k: int, train, held_out, seed: int = 0, out: Path | None = None, encode=None) -> list[dict]:
@@ -31,6 +31,18 @@ def id_table(k: int, train, held_out, seed: int = 0, out: Path | None = None, en
     return rows
 
 
+def _check_safetensors_folder(path: Path) -> None:
+    """Weights are read only from safetensors: a folder with only pickle-based weights (.bin, .pt, .pth, .ckpt,
+    .pkl: loading them can run code) is refused before anything is loaded."""
+    if not path.is_dir():
+        raise PlelabError(f"SigLIP checkpoint folder {path} does not exist or is not a folder (nothing is downloaded)")
+    if not any(path.glob("*.safetensors")):
+        pickled = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"))
+        found = f" (found {pickled[0]}, a pickle-based format plelab does not load)" if pickled else ""
+        raise PlelabError(f"{path} holds no .safetensors weights{found}; save the model with "
+                          "save_pretrained(..., safe_serialization=True) and pass that folder")
+
+
 def cmd_visual_ids(args: argparse.Namespace) -> int:
     from plelab.report.tables import format_table
     from plelab.visual.data import VAL_SEED_OFFSET
@@ -42,6 +54,12 @@ def cmd_visual_ids(args: argparse.Namespace) -> int:
     if args.patch < 1 or args.image_size % args.patch or args.image_size < 2 * args.patch:
         raise ConfigError(f"--image-size {args.image_size} must be a multiple of --patch {args.patch}, "
                           "at least twice it")
+    if args.out:
+        from plelab.io import check_folder_target
+
+        check_folder_target(args.out, "--out", "give a writable folder for the fitted tokenizers")
+    if args.siglip:
+        _check_safetensors_folder(Path(args.siglip))
     if args.data:
         train, held = split_pairs(load_image_captions(args.data, args.image_size, args.patch))
     else:
@@ -52,6 +70,10 @@ def cmd_visual_ids(args: argparse.Namespace) -> int:
     from plelab.visual.encoder import HFSiglipEncoder, encode_with, get_encoder
 
     encoder = HFSiglipEncoder(args.siglip) if args.siglip else get_encoder(train, seed=args.seed, log=print)
+    if out is not None:
+        from plelab.io import ensure_dir
+
+        ensure_dir(out, "--out", "give a writable folder for the fitted tokenizers")
     rows = id_table(args.k, train, held, args.seed, out, lambda images: encode_with(encoder, images))
     m = held.num_patches * len(held)
     table = [[r["method"], f"{r['utilisation']:.3f} (uniform {r['uniform_baseline']:.3f})",

@@ -200,7 +200,8 @@ class HFSiglipEncoder(nn.Module):
         if not Path(path).is_dir():
             raise PlelabError(f"SigLIP checkpoint folder {path} does not exist (nothing is downloaded)")
         try:
-            self.model = SiglipVisionModel.from_pretrained(str(path), local_files_only=True).eval()
+            self.model = SiglipVisionModel.from_pretrained(str(path), local_files_only=True,
+                                                           use_safetensors=True).eval()
         except (OSError, ValueError) as err:
             raise PlelabError(f"{path} is not a SigLIP vision checkpoint ({str(err).splitlines()[0]})") from None
         self.model.requires_grad_(False)

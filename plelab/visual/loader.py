@@ -23,6 +23,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 def _read_image(path: Path, image_size: int, where: str) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
+    if path.is_dir():
+        raise PlelabError(f"{where}: image {path} is a folder, not an image file; fix the path")
     if not path.is_file():
         raise PlelabError(f"{where}: image {path} does not exist; fix the path (relative paths are read from the "
                           "JSONL file's folder)")

@@ -1,0 +1,57 @@
+"""Shared helpers for the benchmarks: the measured matmul peak, interleaved timing, intervals.
+
+Every benchmark runs its arms alternately (A, B, A, B, ... with the order rotated each repeat) in one
+process, so that machine drift hits all arms alike, and reports medians and per-repeat ratios with a
+95% t-interval over repeats.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import torch
+from scipy import stats
+
+
+def matmul_peak(n: int = 4096, reps: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """Measured FLOP/s of an ``n×n @ n×n`` GEMM on this device (median of ``reps``, after one warm-up)."""
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and the two-sided t-interval over repeats: ``(mean, low, high)``."""
+    n = len(values)
+    m = statistics.fmean(values)
+    if n < 2:
+        return m, math.nan, math.nan
+    half = stats.t.ppf(0.5 + level / 2, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return m, m - half, m + half
+
+
+def fmt_ci(values: list[float], scale: float = 1.0, digits: int = 3, unit: str = "") -> str:
+    m, lo, hi = mean_ci(values)
+    return f"{m * scale:.{digits}f}{unit} [{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]"
+
+
+def rotated(items: list, repeat: int) -> list:
+    """``items`` rotated by ``repeat`` (so that each arm is first as often as the others)."""
+    k = repeat % len(items)
+    return items[k:] + items[:k]
+
+
+def machine() -> str:
+    import os
+    import platform
+
+    return (f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads, Python {platform.python_version()}")

@@ -1,0 +1,88 @@
+"""GPU training throughput and MFU (bf16 autocast, torch.compile), and the table-placement checks.
+
+For a machine with a CUDA GPU; one short run, a few minutes. Prints, for the preset (default gpu-125m)
+at each dP: tokens/s and MFU against the device's dense bf16 peak (plelab.train.metrics.GPU_PEAK_BF16),
+median over the timed steps after warm-up (compilation excluded). Then checks on the same GPU that
+``train.table_device=cpu`` (table and its optimizer state in host memory, rows copied over per step)
+gives the same losses as the on-device table with the row-sparse optimizer, and that
+``plelab eval``'s memory-mapped table gives the in-memory validation loss.
+
+    python bench/gpu_throughput.py                     # on a GPU
+    python bench/gpu_throughput.py --device cpu --preset cpu-tiny --no-compile --steps 6 --warmup 2   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from plelab.config import resolve_config
+from plelab.data.pipeline import prepare_data
+from plelab.train.trainer import Trainer
+
+
+def run(preset: str, dp: int, sets: list[str], steps: int, data=None):
+    cfg = resolve_config(preset, ["train.checkpoint_every=0", "train.eval_every=1000000", "train.diag_every=0",
+                                  *sets], dp=dp, steps=steps)
+    data = data or prepare_data(cfg, progress=False)
+    tr = Trainer(cfg, data, None, progress=False, log=lambda *a: None)
+    return tr, data
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="gpu-125m")
+    ap.add_argument("--dp", default="0,64,256")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device here: this benchmark is for a GPU (use --device cpu for a smoke run)")
+    torch.set_flush_denormal(True)
+    base = [f"train.device={args.device}", f"train.compile={str(not args.no_compile).lower()}"]
+    data = None
+    for dp in [int(x) for x in args.dp.split(",")]:
+        tr, data = run(args.preset, dp, base, args.steps, data)
+        rows = [tr.train_step() for _ in range(args.steps)]
+        timed = rows[args.warmup:]
+        tps = statistics.median(r["tokens_per_second"] for r in timed)
+        mfu = [r["mfu"] for r in timed if r["mfu"] is not None]
+        peak_mem = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else float("nan")
+        mfu_text = (f"MFU {100 * statistics.median(mfu):.1f}% of {torch.cuda.get_device_name()}'s bf16 peak"
+                    if mfu else "no MFU (unknown peak)")
+        print(f"{args.preset} dP={dp}: {tps:,.0f} tokens/s, {mfu_text}; peak memory {peak_mem:.2f} GiB")
+        del tr
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+    # placement: the same losses with the table on the host (row-sparse, no compile: sparse gradients)
+    dp = max(int(x) for x in args.dp.split(","))
+    losses = {}
+    for where in ("auto", "cpu"):
+        sets = [f"train.device={args.device}", "train.table_optimizer=row-sparse", f"train.table_device={where}",
+                "train.precision=fp32"]
+        tr, data = run(args.preset, dp, sets, 8, data)
+        t0 = time.perf_counter()
+        losses[where] = [tr.train_step()["loss"] for _ in range(8)]
+        table = tr.lm.model.embed_tokens_per_layer.weight
+        print(f"table_device={where}: losses {[round(v, 5) for v in losses[where]]} "
+              f"({time.perf_counter() - t0:.1f} s for 8 steps); table on {table.device}")
+    worst = max(abs(a - b) for a, b in zip(losses["auto"], losses["cpu"]))
+    print(f"table on host vs on device: max |Δloss| {worst:.2e} ({'OK' if worst < 1e-3 else 'DIFFERENT'})")
+    with tempfile.TemporaryDirectory() as tmp:
+        from plelab.cli import main as cli
+
+        cli(["train", "--preset", args.preset, "--dp", str(dp), "--steps", "4", "--out", f"{tmp}/run", "--no-progress",
+             "--set", f"train.device={args.device}", "--set", "train.eval_every=4", "--set", "train.diag_every=0"])
+        for extra in ([], ["--table-in-memory"]):
+            cli(["eval", f"{tmp}/run", "--device", args.device, "--no-progress", *extra])
+
+
+if __name__ == "__main__":
+    main()

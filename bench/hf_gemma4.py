@@ -1,0 +1,106 @@
+"""plelab versus HF transformers ``Gemma4ForCausalLM``: training tokens/s at equal shape and dP, one process.
+
+Both models get the same dimensions (vocab, hidden, layers, heads, KV heads, head_dim — full attention in
+every layer, ``global_head_dim`` = ``head_dim``, default RoPE, tied embeddings, per-layer inputs of width dP
+over the full vocabulary), the same batch, and the same training step: forward with labels, backward,
+gradient clipping at 1.0, ``torch.optim.AdamW(foreach=False)``, ``zero_grad``. HF Gemma 4 keeps its own
+extras (q/k/v norms, layer scalars, GeGLU instead of SwiGLU: the same three matmuls). Arms alternate in
+rotated order for ``--repeats`` repeats of ``--block`` steps; denormals are flushed for both.
+
+    python bench/hf_gemma4.py --preset cpu-small --dp 64 --repeats 10 --block 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import torch
+from common import fmt_ci, machine, rotated
+
+from plelab.config import resolve_config
+from plelab.model import build_model
+from plelab.runtime import setup_torch
+
+
+def hf_model(cfg):
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    m, L = cfg.model, cfg.model.num_hidden_layers
+    rope = {"rope_type": "default", "rope_theta": m.rope_theta}
+    hf_cfg = Gemma4TextConfig(
+        vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+        num_hidden_layers=L, num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
+        head_dim=m.resolved_head_dim, global_head_dim=m.resolved_head_dim, layer_types=["full_attention"] * L,
+        rope_parameters={"full_attention": rope, "sliding_attention": rope},
+        hidden_size_per_layer_input=cfg.ple.dim, vocab_size_per_layer_input=cfg.ple.resolved_vocab_size(m),
+        max_position_embeddings=cfg.train.seq_len, tie_word_embeddings=True, use_cache=False)
+    hf_cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Gemma4ForCausalLM(hf_cfg).train()
+
+
+def step_fn(model, x, y, hf: bool):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+
+    def step():
+        out = model(input_ids=x, labels=x) if hf else model(x, labels=y)  # HF shifts labels itself
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(out.loss.detach())
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="cpu-small")
+    ap.add_argument("--dp", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--block", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    args = ap.parse_args()
+    setup_torch(0)
+    cfg = resolve_config(args.preset, args.overrides, dp=args.dp)
+    B, T, V = cfg.train.batch_size, cfg.train.seq_len, cfg.model.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    batch = torch.randint(0, V, (B, T + 1), generator=gen)
+    x, y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+    ours = build_model(cfg.model, cfg.ple, seed=0).train()
+    hf = hf_model(cfg)
+    arms = {"plelab": step_fn(ours, x, y, False), "hf": step_fn(hf, x, y, True)}
+    n_params = {"plelab": sum(p.numel() for p in ours.parameters()), "hf": sum(p.numel() for p in hf.parameters())}
+    for fn in arms.values():
+        for _ in range(args.warmup):
+            fn()
+    times = {k: [] for k in arms}
+    for r in range(args.repeats):
+        for name in rotated(list(arms), r):
+            block = []
+            for _ in range(args.block):
+                t0 = time.perf_counter()
+                arms[name]()
+                block.append(time.perf_counter() - t0)
+            times[name].append(statistics.median(block))
+    tokens = B * T
+    m = cfg.model
+    print(f"{args.preset} shape: V={V} H={m.hidden_size} L={m.num_hidden_layers} heads={m.num_attention_heads}/"
+          f"{m.num_key_value_heads} head_dim={m.resolved_head_dim} FFN={m.intermediate_size} dP={args.dp}; "
+          f"B={B} T={T}; {machine()}")
+    print(f"parameters: plelab {n_params['plelab']:,}, HF Gemma4ForCausalLM {n_params['hf']:,}")
+    print(f"{args.repeats} repeats × {args.block} steps, rotated order")
+    for name in arms:
+        med = statistics.median(times[name])
+        print(f"{name}: median step {med * 1e3:.1f} ms, {tokens / med:,.0f} tokens/s")
+    ratio = [h / p for p, h in zip(times["plelab"], times["hf"])]
+    print(f"plelab tokens/s ÷ HF tokens/s (per repeat, paired): {fmt_ci(ratio, 1, 3)}× (target ≥ 1.3×)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Where a NaN / Inf came from: the first module whose output is non-finite, and non-finite weights or grads.
+
+When a step's loss or gradient norm is not finite the trainer stops before any update (or, with
+``train.skip_nonfinite=N``, skips up to N such steps) and names the culprit in one line: it re-runs the
+step's first micro-batch forward under ``torch.no_grad`` with a hook on every module and reports the
+first one, in execution order, whose output holds a NaN or an Inf (the same batch: the sampler is a
+function of the step), together with any parameter or gradient that is already non-finite.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def _finite(out) -> bool:
+    if torch.is_tensor(out):
+        return not out.is_floating_point() or bool(torch.isfinite(out).all())
+    if isinstance(out, (tuple, list)):
+        return all(_finite(o) for o in out)
+    if hasattr(out, "__dataclass_fields__"):
+        return all(_finite(getattr(out, f)) for f in out.__dataclass_fields__)
+    return True
+
+
+def first_nonfinite_module(model: nn.Module, forward: Callable[[], object]) -> str | None:
+    """Name of the first module (execution order) whose forward output is non-finite, or None."""
+    found: list[str] = []
+    hooks = []
+    for name, module in model.named_modules():
+        if name:
+            def hook(mod, args, out, name=name):
+                if not found and not _finite(out):
+                    found.append(name)
+            hooks.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            forward()
+    finally:
+        for h in hooks:
+            h.remove()
+    return found[0] if found else None
+
+
+def nonfinite_tensors(model: nn.Module, grads: bool = False, limit: int = 3) -> list[str]:
+    """Names of parameters (or of their gradients) holding a NaN or an Inf, at most ``limit``."""
+    bad = []
+    for name, p in model.named_parameters():
+        t = p.grad if grads else p
+        if t is None:
+            continue
+        t = t.coalesce().values() if t.is_sparse else t
+        if not bool(torch.isfinite(t).all()):
+            bad.append(name)
+            if len(bad) == limit:
+                break
+    return bad
+
+
+def where(name: str | None) -> str:
+    """``model.layers.3.mlp.down_proj`` -> ``model.layers.3.mlp.down_proj (layer 3)``."""
+    if name is None:
+        return "no module output (the loss itself)"
+    m = re.search(r"layers\.(\d+)\.", name + ".")
+    return f"{name} (layer {m.group(1)})" if m else name
+
+
+def describe_nonfinite(model: nn.Module, forward: Callable[[], object]) -> str:
+    """One clause naming the first non-finite module output of ``forward()`` and any non-finite weights
+    (else gradients), e.g. ``first non-finite output: model.layers.1.mlp (layer 1); non-finite weights: …``."""
+    detail = f"first non-finite output: {where(first_nonfinite_module(model, forward))}"
+    weights = nonfinite_tensors(model)
+    grads = [] if weights else nonfinite_tensors(model, grads=True)
+    if weights:
+        detail += f"; non-finite weights: {', '.join(weights)}"
+    elif grads:
+        detail += f"; non-finite gradients: {', '.join(grads)}"
+    return detail

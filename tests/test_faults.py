@@ -1,0 +1,133 @@
+"""Fault tests: NaN / Inf losses, a full disk, and a sweep killed at random points three times.
+
+(kill -9 mid-step and mid-checkpoint, then resume bit-identical: tests/test_checkpoint.py.)
+"""
+
+import errno
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from plelab.config import resolve_config
+from plelab.errors import PlelabError
+from plelab.train import checkpoint as ckpt
+from plelab.train.trainer import Trainer
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _cfg(steps=6, *sets):
+    return resolve_config("cpu-tiny", ["train.checkpoint_every=2", "train.eval_every=2", "train.diag_windows=0",
+                                       *sets], dp=16, steps=steps)
+
+
+def _trainer(cfg, data, run, resume=False):
+    return Trainer(cfg, data, run, resume=resume, progress=False, log=lambda *a: None)
+
+
+@pytest.fixture
+def trained(tmp_path, tiny_data):
+    """A run trained to step 4 (checkpoints at 2 and 4), to be continued to step 6."""
+    run = tmp_path / "run"
+    _trainer(_cfg(4), tiny_data, run).fit()
+    return run
+
+
+def test_nonfinite_loss_stops_naming_layer_and_step_and_keeps_the_checkpoint(trained, tiny_data):
+    checkpoints = _hashes(trained / "checkpoints")
+    tr = _trainer(_cfg(6), tiny_data, trained, resume=True)
+    tr.lm.model.layers[1].mlp.up_proj.weight.data[3, 5] = float("inf")  # a weight blows up
+    with pytest.raises(PlelabError) as err:
+        tr.fit()
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("the loss became nan at step 5;")
+    assert "model.layers.1.mlp.up_proj (layer 1)" in msg and "non-finite weights: model.layers.1.mlp.up_proj" in msg
+    assert "step-000004) is kept" in msg and "train.skip_nonfinite" in msg
+    assert _hashes(trained / "checkpoints") == checkpoints  # nothing written, nothing lost
+    again = _trainer(_cfg(6), tiny_data, trained, resume=True)  # the kept checkpoint resumes
+    assert again.step == 4 and again.fit().final_val_loss > 0
+
+
+def test_skip_nonfinite_skips_up_to_the_limit(trained, tiny_data):
+    tr = _trainer(_cfg(6, "train.skip_nonfinite=1"), tiny_data, trained, resume=True)
+    micro = tr._micro_loss
+    tr._micro_loss = lambda step, m, rows: micro(step, m, rows) * (float("nan") if step == 4 else 1.0)
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    tr.fit()
+    rows = [json.loads(x) for x in (trained / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert "loss" not in rows[4] and "the loss became nan" in rows[4]["skipped"]
+    assert "(skip 1 of train.skip_nonfinite=1)" in rows[4]["skipped"]
+    assert json.loads((trained / "summary.json").read_text())["skipped_steps"] == 1
+    assert any(not (a == b).all() for a, b in zip(before, tr.model.parameters()))  # step 6 trained
+    tr2 = _trainer(_cfg(8, "train.skip_nonfinite=1"), tiny_data, trained, resume=True)
+    assert tr2.skipped_steps == 1  # the count survives a resume: the limit is per run
+    micro2 = tr2._micro_loss
+    tr2._micro_loss = lambda step, m, rows: micro2(step, m, rows) * float("nan")
+    with pytest.raises(PlelabError, match="the loss became nan at step 7"):
+        tr2.fit()
+
+
+def test_no_space_left_while_checkpointing(trained, tiny_data, monkeypatch):
+    checkpoints = _hashes(trained / "checkpoints")
+    real = ckpt.save_file
+
+    def full_disk(tensors, path, metadata=None):
+        if path.endswith("optimizer.safetensors"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(ckpt, "save_file", full_disk)
+    with pytest.raises(PlelabError) as err:
+        _trainer(_cfg(6), tiny_data, trained, resume=True).fit()
+    msg = str(err.value)
+    assert "cannot write checkpoint step-000006" in msg and "No space left on device" in msg
+    assert "the previous checkpoint step-000004 is intact" in msg and "\n" not in msg
+    assert _hashes(trained / "checkpoints") == checkpoints  # no half checkpoint left, the others untouched
+    monkeypatch.setattr(ckpt, "save_file", real)  # space freed: the run continues from step 4
+    tr = _trainer(_cfg(6), tiny_data, trained, resume=True)
+    assert tr.step == 4
+    tr.fit()
+    assert [p.name for p in ckpt.list_checkpoints(trained)] == ["step-000004", "step-000006"]
+
+
+def test_sweep_killed_at_random_points_three_times_runs_everything_once(tmp_path, tiny_data):
+    root = tmp_path / "sw"
+    cmd = [sys.executable, "-m", "plelab", "sweep", "--preset", "cpu-tiny", "--dp", "0,8", "--seeds", "2",
+           "--steps", "60", "--out", str(root), "--no-report", "--no-progress", "--jobs", "2",
+           "--set", "train.checkpoint_every=10", "--set", "train.eval_every=10", "--set", "train.diag_windows=0"]
+    rng = random.Random(7)
+    kills = 0
+    for _ in range(8):  # three kills land mid-sweep (a launch that finishes first is not counted)
+        if kills == 3:
+            break
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        time.sleep(rng.uniform(1.5, 5.0))
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its workers, like a lost node
+            kills += 1
+        proc.wait()
+    assert kills == 3
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = sorted(root.glob("runs/*/seed-*"))
+    assert len(runs) == 4
+    for run in runs:
+        steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert steps == list(range(1, 61)), run  # every step recorded once, none redone twice
+        assert json.loads((run / "summary.json").read_text())["steps"] == 60
+        assert not list((run / "checkpoints").glob("*.tmp-*"))
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 0 and "4 already done, 0 to run" in again.stdout

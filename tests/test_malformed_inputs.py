@@ -1,0 +1,350 @@
+"""The malformed-input suite: every CLI verb fed broken, foreign or hostile inputs.
+
+Each case runs ``plelab.cli.main`` in-process and must end with exit code 2, exactly one line on
+stderr that names the problem (no traceback), and every file that existed before the command
+byte-identical after it. Pickle payloads in the fixtures would create ``PWNED`` if ever unpickled.
+``tests/conftest.py`` prints the count of these cases at the end of the session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from plelab.cli import main
+from plelab.errors import PlelabError
+from plelab.io import check_name
+
+TINY_SWEEP = ["--preset", "cpu-tiny", "--dp", "0,8", "--seeds", "2", "--steps", "4", "--no-progress", "--no-report",
+              *[x for o in ("train.eval_every=2", "train.early_checkpoint=2", "train.diag_every=2",
+                            "train.checkpoint_every=0", "train.diag_windows=8", "train.eval_batches=1")
+                for x in ("--set", o)]]
+CKPT = "checkpoints/step-000002"
+
+
+class _Payload:
+    """Unpickling this runs a shell command that creates ``marker`` (it must never happen)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _png(path: Path, colour) -> None:
+    from PIL import Image
+
+    Image.fromarray(np.full((16, 16, 3), colour, np.uint8)).save(path)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """Inputs shared by the cases: broken files, a tiny finished run, a tiny finished sweep, image data."""
+    w = tmp_path_factory.mktemp("malformed")
+    (w / "empty.txt").write_text("")
+    (w / "binary.txt").write_bytes(bytes(range(256)) * 8)
+    (w / "latin1.txt").write_bytes("café naïve déjà vu. ".encode("latin-1") * 200)
+    (w / "one-line.txt").write_text("spam " * 200_000)  # 1 MB on one line, one sentence repeated
+    (w / "a-file").write_text("not a folder")
+    (w / "empty-dir").mkdir()
+    with open(w / "payload.pt", "wb") as f:
+        pickle.dump(_Payload(w / "PWNED"), f)
+    (w / "truncated.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": {\"dtype\"")
+    save_file({"vision.weight": torch.zeros(4, 4)}, str(w / "foreign.safetensors"))
+    assert main(["train", "--preset", "cpu-tiny", "--steps", "2", "--no-progress", "--out", str(w / "run")]) == 0
+    from plelab.sweep.runner import run_sweep
+    from plelab.sweep.spec import SweepSpec, dp_arms
+
+    sets = [TINY_SWEEP[i + 1] for i, x in enumerate(TINY_SWEEP) if x == "--set"]
+    run_sweep(w / "sweep", SweepSpec(preset="cpu-tiny", overrides=sets, arms=dp_arms([0, 8]), seeds=[0, 1], steps=4),
+              progress=False, log=lambda *a: None)
+    vis = w / "vis"
+    vis.mkdir()
+    for i in range(6):
+        _png(vis / f"ok{i}.png", (40 * i, 10, 200 - 20 * i))
+    _png(vis / "whole.png", (1, 2, 3))
+    (vis / "truncated.png").write_bytes((vis / "whole.png").read_bytes()[:40])
+    (vis / "not-an-image.png").write_text("hello, I am text")
+    (vis / "sub").mkdir()
+    ok = [json.dumps({"image": f"ok{i}.png", "caption": f"a square number {i}"}) for i in range(6)]
+    for name, image in (("missing", "nope.png"), ("truncated", "truncated.png"), ("text", "not-an-image.png"),
+                        ("folder", "sub")):
+        (vis / f"{name}.jsonl").write_text("\n".join([*ok, json.dumps({"image": image, "caption": "x"})]) + "\n")
+    siglip = w / "siglip-pickle"
+    siglip.mkdir()
+    (siglip / "config.json").write_text(json.dumps({"model_type": "siglip_vision_model", "hidden_size": 32}))
+    shutil.copy(w / "payload.pt", siglip / "pytorch_model.bin")
+    return w
+
+
+def _copy(w: Path, src: str, name: str) -> Path:
+    dst = w / "cases" / name
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(w / src, dst)
+    return dst
+
+
+def _edit_json(path: Path, edit) -> None:
+    d = json.loads(path.read_text())
+    edit(d)
+    path.write_text(json.dumps(d))
+
+
+def _run_copy(w, name, damage=None):
+    run = _copy(w, "run", name)
+    if damage:
+        damage(run / CKPT)
+    return run
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _unwritable(w: Path) -> str:
+    """A folder nobody can create: chmod 0o500 when not root, a path under a regular file for everyone."""
+    if os.geteuid() == 0:
+        return str(w / "a-file" / "out")
+    locked = w / "cases" / "locked"
+    locked.mkdir(parents=True, exist_ok=True)
+    locked.chmod(0o500)
+    return str(locked / "out")
+
+
+def _sweep_copy(w, name, damage):
+    root = _copy(w, "sweep", name)
+    damage(root)
+    return str(root)
+
+
+def _set_arm_name(root: Path, name: str) -> None:
+    _edit_json(root / "sweep.json", lambda d: d["arms"][1].update(name=name))
+
+
+TRAIN = ["train", "--preset", "cpu-tiny", "--steps", "2", "--no-progress"]
+RESUME = ["train", "--no-progress", "--resume", "--out"]
+VIDS = ["visual-ids", "--k", "4", "--image-size", "16", "--patch", "8", "--data"]
+
+# id -> (argv builder taking the work folder, the substring the one-line error must contain)
+CASES = {
+    # corpus files: --data / --set data.path=
+    "train-empty-corpus": (lambda w: [*TRAIN, "--data", f"{w}/empty.txt", "--out", f"{w}/o/1"], "holds no text"),
+    "train-binary-corpus": (lambda w: [*TRAIN, "--data", f"{w}/binary.txt", "--out", f"{w}/o/2"], "looks binary"),
+    "train-non-utf8-corpus": (lambda w: [*TRAIN, "--set", f"data.path={w}/latin1.txt", "--out", f"{w}/o/3"],
+                              "is not UTF-8 (invalid byte at offset 3); convert it to UTF-8"),
+    "train-one-huge-line-repeated": (lambda w: [*TRAIN, "--data", f"{w}/one-line.txt", "--out", f"{w}/o/4"],
+                                     "distinct documents into train and validation"),
+    "train-missing-corpus": (lambda w: [*TRAIN, "--data", f"{w}/nowhere.txt", "--out", f"{w}/o/5"], "does not exist"),
+    "train-corpus-folder-without-text": (lambda w: [*TRAIN, "--data", f"{w}/empty-dir", "--out", f"{w}/o/6"],
+                                         "has no .txt/.md/.text/.jsonl/.parquet files"),
+    "train-tokenizer-is-a-folder": (lambda w: [*TRAIN, "--tokenizer", f"{w}/empty-dir", "--out", f"{w}/o/7"],
+                                    "pass a HF tokenizer.json"),
+    "train-tokenizer-is-a-pickle": (lambda w: [*TRAIN, "--tokenizer", f"{w}/payload.pt", "--out", f"{w}/o/8"],
+                                    "pass a HF tokenizer.json"),
+    # output folders
+    "train-out-is-a-file": (lambda w: [*TRAIN, "--out", f"{w}/a-file"], "is a file, not a folder"),
+    "train-out-unwritable": (lambda w: [*TRAIN, "--out", _unwritable(w)], "choose another --out"),
+    # config values
+    "train-invalid-value": (lambda w: [*TRAIN, "--set", "train.lr=fast", "--out", f"{w}/o/9"],
+                            "invalid config value train.lr='fast': allowed float"),
+    "train-unknown-key": (lambda w: [*TRAIN, "--set", "train.speed=1", "--out", f"{w}/o/10"],
+                          "unknown config key 'train.speed'"),
+    "train-non-finite-value": (lambda w: [*TRAIN, "--set", "train.lr=inf", "--out", f"{w}/o/11"],
+                               "allowed a finite number"),
+    "params-invalid-value": (lambda w: ["params", "--set", "model.hidden_size=0"], "model.hidden_size=0"),
+    "config-unknown-section": (lambda w: ["config", "--set", "optim.lr=1"], "unknown config key 'optim.lr'"),
+    "presets-unexpected-argument": (lambda w: ["presets", "--all"], "unrecognized arguments: --all"),
+    # checkpoints and weights
+    "resume-other-model-size": (lambda w: [*RESUME, str(_run_copy(w, "size")), "--set", "model.hidden_size=128"],
+                                "trained with a different model"),
+    "resume-truncated-checkpoint": (
+        lambda w: [*RESUME, str(_run_copy(w, "trunc", lambda c: _truncate(c / "model.safetensors")))],
+        "is damaged or truncated"),
+    "resume-foreign-safetensors": (
+        lambda w: [*RESUME, str(_run_copy(w, "foreign", lambda c: shutil.copy(w / "foreign.safetensors",
+                                                                             c / "model.safetensors")))],
+        "does not fit this model (missing model.embed_tokens.weight)"),
+    "resume-pickle-as-weights": (
+        lambda w: [*RESUME, str(_run_copy(w, "pickle", lambda c: shutil.copy(w / "payload.pt",
+                                                                            c / "model.safetensors")))],
+        "is damaged or truncated"),
+    "resume-config-with-expression": (
+        lambda w: [*RESUME, str(_run_copy(w, "expr", lambda c: _edit_json(c.parent.parent / "config.json", lambda d: d[
+            "train"].update(lr=f"__import__('os').system('touch {w}/PWNED')"))))],
+        "config.json: invalid config value train.lr="),
+    "resume-config-unknown-key": (
+        lambda w: [*RESUME, str(_run_copy(w, "key", lambda c: _edit_json(
+            c.parent.parent / "config.json", lambda d: d["model"].update(bogus=1))))],
+        "config.json: unknown config key 'model.bogus'"),
+    "resume-checkpoints-is-a-file": (
+        lambda w: [*RESUME, str(_run_copy(w, "ckfile", lambda c: (shutil.rmtree(c.parent),
+                                                                 c.parent.write_text("x"))))],
+        "checkpoints is a file"),
+    "diagnose-truncated-safetensors": (lambda w: ["diagnose", f"{w}/truncated.safetensors", "--no-progress"],
+                                       "is not a readable safetensors file"),
+    "diagnose-foreign-safetensors": (lambda w: ["diagnose", f"{w}/foreign.safetensors", "--no-progress"],
+                                     "no tensor named '*embed_tokens_per_layer.weight'"),
+    "diagnose-checkpoint-with-foreign-weights": (
+        lambda w: ["diagnose", str(_run_copy(w, "dforeign", lambda c: shutil.copy(w / "foreign.safetensors",
+                                                                                 c / "model.safetensors"))),
+                   "--no-progress"], "no tensor named '*embed_tokens_per_layer.weight'"),
+    "diagnose-pickle-as-weights": (lambda w: ["diagnose", f"{w}/payload.pt", "--no-progress"],
+                                   "is not a readable safetensors file"),
+    "diagnose-missing-path": (lambda w: ["diagnose", f"{w}/nowhere", "--no-progress"], "does not exist"),
+    "diagnose-folder-without-weights": (lambda w: ["diagnose", f"{w}/empty-dir", "--no-progress"],
+                                        "holds no .safetensors file"),
+    "diagnose-out-unwritable": (lambda w: ["diagnose", f"{w}/run", "--no-use", "--no-progress", "--out",
+                                           _unwritable(w)], "--out"),
+    # sweeps deleted or damaged halfway, names that try to leave the sweep folder
+    "report-runs-deleted": (lambda w: ["report", _sweep_copy(w, "noruns", lambda r: shutil.rmtree(r / "runs"))],
+                            "the baseline dp0 has no finished run yet"),
+    "advise-arm-deleted": (lambda w: ["advise", _sweep_copy(w, "noarm", lambda r: shutil.rmtree(r / "runs/dp8"))],
+                           "has no finished dP > 0 arm yet"),
+    "report-metrics-deleted": (
+        lambda w: ["report", _sweep_copy(w, "nometrics", lambda r: (r / "runs/dp8/seed-1/metrics.jsonl").unlink())],
+        "metrics.jsonl is missing"),
+    "sweep-resume-spec-deleted": (
+        lambda w: ["sweep", *TINY_SWEEP, "--out", _sweep_copy(w, "nospec", lambda r: (r / "sweep.json").unlink())],
+        "has runs/ but no sweep.json"),
+    "sweep-resume-run-config-truncated": (
+        lambda w: ["sweep", *TINY_SWEEP, "--out", _sweep_copy(w, "trconf", lambda r: _truncate(
+            r / "runs/dp8/seed-0/config.json"))], "config.json is unreadable"),
+    "report-folder-is-a-file": (
+        lambda w: ["report", _sweep_copy(w, "repfile", lambda r: (shutil.rmtree(r / "report", ignore_errors=True),
+                                                                  (r / "report").write_text("x")))],
+        "report folder"),
+    "sweep-out-unwritable": (lambda w: ["sweep", *TINY_SWEEP, "--out", _unwritable(w)], "choose another --out"),
+    "sweep-variant-name-escapes": (lambda w: ["sweep", *TINY_SWEEP, "--variant", "../x:ple.gate=scalar",
+                                              "--out", f"{w}/o/s1"], "invalid --variant '../x:"),
+    "sweep-arm-name-escapes": (
+        lambda w: ["sweep", *TINY_SWEEP, "--out", _sweep_copy(w, "evilarm", lambda r: _set_arm_name(r, "../../x"))],
+        "invalid arm name '../../x'"),
+    "report-arm-name-absolute": (
+        lambda w: ["report", _sweep_copy(w, "absarm", lambda r: _set_arm_name(r, f"{w}/escaped"))],
+        "invalid arm name"),
+    "advise-seed-escapes": (
+        lambda w: ["advise", _sweep_copy(w, "evilseed", lambda r: _edit_json(
+            r / "sweep.json", lambda d: d.update(seeds=["../../x"])))], "invalid seeds"),
+    "advise-not-a-sweep": (lambda w: ["advise", f"{w}/a-file"], "is not a plelab sweep"),
+    # demo
+    "demo-missing-data": (lambda w: ["demo", "--quick", "--no-progress", "--data", f"{w}/nowhere",
+                                     "--out", f"{w}/o/demo"], "does not exist"),
+    # image-caption data
+    "visual-ids-missing-image": (lambda w: [*VIDS, f"{w}/vis/missing.jsonl"], "nope.png does not exist"),
+    "visual-ids-truncated-png": (lambda w: [*VIDS, f"{w}/vis/truncated.jsonl"], "is not a readable image"),
+    "visual-ids-not-an-image": (lambda w: [*VIDS, f"{w}/vis/text.jsonl"], "is not a readable image"),
+    "visual-ids-image-is-a-folder": (lambda w: [*VIDS, f"{w}/vis/folder.jsonl"], "is a folder, not an image file"),
+    "visual-ids-pickled-siglip": (lambda w: ["visual-ids", "--k", "4", "--scenes", "10", "--siglip",
+                                             f"{w}/siglip-pickle"], "holds no .safetensors weights"),
+    "visual-ids-out-is-a-file": (lambda w: ["visual-ids", "--k", "4", "--scenes", "10", "--out", f"{w}/a-file"],
+                                 "is a file, not a folder"),
+    "train-visual-data-truncated-png": (
+        lambda w: [*TRAIN, "--set", "visual.enabled=true", "--set", f"visual.data={w}/vis/truncated.jsonl",
+                   "--out", f"{w}/o/v"], "truncated.png is not a readable image"),
+    "visual-study-unknown-method": (lambda w: ["visual-study", "--quick", "--methods", "none,magic",
+                                               "--out", f"{w}/o/vs"], "invalid --methods 'none,magic'"),
+    "visual-study-out-unwritable": (lambda w: ["visual-study", "--quick", "--no-progress", "--out", _unwritable(w)],
+                                    "choose another --out"),
+}
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_malformed_input(case, work, capsys):
+    build, needle = CASES[case]
+    argv = build(work)
+    before = _snapshot(work)
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse errors exit from inside parse_args
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, (argv, err)
+    assert err.count("\n") == 1 and err.startswith("plelab: error: ") and "Traceback" not in err, err
+    assert needle in err, err
+    after = _snapshot(work)
+    changed = [p for p, h in before.items() if after.get(p) != h]
+    assert not changed, f"{case} changed or removed {changed[:3]}"
+    assert not (work / "PWNED").exists() and not (work / "escaped").exists() and not (work / "cases" / "x").exists()
+
+
+# ---- the one-huge-line corpus that is not degenerate, a sweep resumed after deletions --------------------------
+
+def test_one_huge_line_of_text_becomes_many_documents(tmp_path):
+    from plelab.data.sources import user_corpus
+
+    rng = random.Random(0)
+    path = tmp_path / "one-line.txt"
+    path.write_text(" ".join(f"w{rng.randrange(5000)}" for _ in range(300_000)))  # ~1.8 MB, no line break
+    docs = user_corpus(path).documents
+    assert len(docs) > 100 and max(map(len, docs)) < 10_000
+    assert " ".join(d.strip() for d in docs).split() == path.read_text().split()  # nothing lost or split mid-word
+
+
+def test_sweep_resume_redoes_only_the_deleted_runs(work, capsys):
+    root = _copy(work, "sweep", "resume-deleted")
+    shutil.rmtree(root / "runs/dp8/seed-1")
+    (root / "runs/dp0/seed-1/summary.json").unlink()  # a run cut short: summary gone, checkpoints kept
+    kept = {p: h for p, h in _snapshot(root).items() if p.startswith(("runs/dp0/seed-0", "runs/dp8/seed-0"))}
+    assert main(["sweep", *TINY_SWEEP, "--out", str(root)]) == 0
+    assert "2 already done, 2 to run" in capsys.readouterr().out
+    after = _snapshot(root)
+    assert all(after[p] == h for p, h in kept.items())
+    assert "runs/dp8/seed-1/summary.json" in after and "runs/dp0/seed-1/summary.json" in after
+
+
+def test_failed_resume_leaves_config_json_untouched(work, capsys):
+    run = _run_copy(work, "foreign-steps", lambda c: shutil.copy(work / "foreign.safetensors", c / "model.safetensors"))
+    before = (run / "config.json").read_bytes()
+    assert main([*RESUME, str(run), "--steps", "4"]) == 2
+    assert "does not fit this model" in capsys.readouterr().err
+    assert (run / "config.json").read_bytes() == before
+
+
+# ---- safe loading ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["../x", "..", "/abs/path", "a/b", "a\\b", ".hidden", "", "a\x00b", "a\nb", 3])
+def test_names_cannot_leave_their_folder(name):
+    from plelab.sweep.spec import run_dir
+
+    with pytest.raises(PlelabError, match="invalid arm name") as exc:
+        run_dir(Path("sweep"), name, 0)
+    assert "\n" not in str(exc.value)
+    assert check_name("dp8-scalar_2", "arm name") == "dp8-scalar_2"
+
+
+def test_source_loads_weights_only_from_safetensors_and_configs_only_as_json():
+    """No pickle, no evaluation: any torch.load passes weights_only=True, numpy never unpickles, and no
+    config, state or sweep file is read with eval / exec / yaml / pickle."""
+    package = Path(__file__).resolve().parents[1] / "plelab"
+    forbidden = [(r"\bimport pickle\b|\bpickle\.load|\bcloudpickle\b|\bdill\b", "pickle"),
+                 (r"(?<![\w.])(eval|exec)\(", "eval/exec"), (r"\byaml\.(unsafe_)?load\(", "yaml.load"),
+                 (r"allow_pickle\s*=\s*True", "allow_pickle=True"), (r"\bmarshal\.loads?\(", "marshal")]
+    problems = []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text()
+        for call in re.finditer(r"torch\.load\(([^()]|\([^()]*\))*\)", text):
+            if "weights_only=True" not in call.group(0):
+                problems.append(f"{path.name}: {call.group(0)[:60]}")
+        problems += [f"{path.name}: {what}" for pattern, what in forbidden if re.search(pattern, text)]
+        if re.search(r"\bnp\.load\(", text):
+            problems += [f"{path.name}: np.load without allow_pickle=False" for call in re.findall(
+                r"np\.load\([^)]*\)", text) if "allow_pickle=False" not in call]
+    assert not problems, problems
