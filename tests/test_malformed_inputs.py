@@ -238,6 +238,21 @@ CASES = {
         lambda w: ["advise", _sweep_copy(w, "evilseed", lambda r: _edit_json(
             r / "sweep.json", lambda d: d.update(seeds=["../../x"])))], "invalid seeds"),
     "advise-not-a-sweep": (lambda w: ["advise", f"{w}/a-file"], "is not a plelab sweep"),
+    # eval (the table memory-mapped from the checkpoint)
+    "eval-missing-run": (lambda w: ["eval", f"{w}/nowhere"], "does not exist"),
+    "eval-folder-without-checkpoint": (lambda w: ["eval", f"{w}/empty-dir"], "holds no plelab checkpoint"),
+    "eval-truncated-weights": (
+        lambda w: ["eval", str(_run_copy(w, "etrunc", lambda c: _truncate(c / "model.safetensors")))],
+        "model.safetensors"),
+    "eval-pickle-as-weights": (
+        lambda w: ["eval", str(_run_copy(w, "epickle", lambda c: shutil.copy(w / "payload.pt",
+                                                                            c / "model.safetensors")))],
+        "is not a readable safetensors file"),
+    "eval-foreign-weights": (
+        lambda w: ["eval", str(_run_copy(w, "eforeign", lambda c: shutil.copy(w / "foreign.safetensors",
+                                                                             c / "model.safetensors")))],
+        "lacks model.embed_tokens.weight"),
+    "eval-bad-windows": (lambda w: ["eval", f"{w}/run", "--windows", "0"], "--windows and --batch"),
     # demo
     "demo-missing-data": (lambda w: ["demo", "--quick", "--no-progress", "--data", f"{w}/nowhere",
                                      "--out", f"{w}/o/demo"], "does not exist"),

@@ -55,6 +55,9 @@ def checkpoint_of(path: str | Path) -> Path:
     from plelab.train.checkpoint import list_checkpoints
 
     path = Path(path)
+    if not path.exists():
+        raise PlelabError(f"{path} does not exist; give a run folder written by plelab train or one of its "
+                          "checkpoints/step-N folders")
     if (path / "model.safetensors").exists():
         return path
     found = list_checkpoints(path)

@@ -31,6 +31,21 @@ from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.model.layers import Attention, RMSNorm, SwiGLU, rotary_cos_sin
 
 
+class _HostToDevice(torch.autograd.Function):
+    """Copy looked-up table rows to the trunk's device (pinned + asynchronous to CUDA); the gradient goes back."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, device: torch.device) -> torch.Tensor:
+        ctx.source = rows.device
+        if device.type == "cuda" and rows.device.type == "cpu":
+            rows = rows.pin_memory()
+        return rows.to(device, non_blocking=True)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.to(ctx.source), None
+
+
 class DecoderLayer(nn.Module):
     """One block: attention, SwiGLU, then the PLE injection as a third residual update."""
 
@@ -138,10 +153,7 @@ class PLETextModel(nn.Module):
         ids = self.table_ids(input_ids)
         table = self.embed_tokens_per_layer
         if table.weight.device != ids.device:
-            rows = table(ids.to(table.weight.device))
-            if ids.device.type == "cuda":
-                rows = rows.pin_memory()
-            z = rows.to(ids.device, non_blocking=True) * self.ple_embed_scale
+            z = _HostToDevice.apply(table(ids.to(table.weight.device)), ids.device) * self.ple_embed_scale
         else:
             z = table(ids) * self.ple_embed_scale
         return z.view(*input_ids.shape, self.mc.num_hidden_layers, self.pc.dim)
