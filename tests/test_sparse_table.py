@@ -170,4 +170,4 @@ def test_eval_with_a_memory_mapped_table_reproduces_the_runs_validation_loss(tmp
     table.data[0].fill_(1.0)  # copy-on-write: the map is private, the file never changes
     assert file.read_bytes() == before
     assert main(["eval", str(tmp_path / "nothing")]) == 2
-    assert "holds no plelab checkpoint" in capsys.readouterr().err
+    assert "nothing does not exist" in capsys.readouterr().err
