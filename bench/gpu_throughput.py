@@ -78,10 +78,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         from plelab.cli import main as cli
 
-        cli(["train", "--preset", args.preset, "--dp", str(dp), "--steps", "4", "--out", f"{tmp}/run", "--no-progress",
-             "--set", f"train.device={args.device}", "--set", "train.eval_every=4", "--set", "train.diag_every=0"])
+        code = cli(["train", "--preset", args.preset, "--dp", str(dp), "--steps", "4", "--out", f"{tmp}/run",
+                    "--no-progress", "--set", f"train.device={args.device}", "--set", "train.eval_every=4",
+                    "--set", "train.diag_every=0"])
+        if code != 0:
+            raise SystemExit(f"plelab train failed (exit {code})")
         for extra in ([], ["--table-in-memory"]):
-            cli(["eval", f"{tmp}/run", "--device", args.device, "--no-progress", *extra])
+            code = cli(["eval", f"{tmp}/run", "--device", args.device, "--no-progress", *extra])
+            if code != 0:
+                raise SystemExit(f"plelab eval {' '.join(extra)} failed (exit {code})")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 Profiles ``--steps`` steps of each model (the step of ``bench/hf_gemma4.py``: forward, backward, clipping,
 AdamW) with ``torch.profiler`` and prints the self time of ``aten::mm`` / ``aten::addmm`` / ``aten::bmm``, of
-attention and of the rest, and the top operators. The matmul time is the floor for any implementation
-of the same shape: the largest speed-up over HF that removing all non-matmul time could give is
-HF's step time over plelab's matmul time.
+attention and of the rest, and the top operators; then the fraction of the measured GEMM peak that
+plelab's matmuls reach, and the largest speed-up over HF that removing all of plelab's non-matmul,
+non-attention time could give.
 
     python bench/profile_step.py --preset cpu-small --dp 64
 """
@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 
 import torch
+from common import matmul_peak
 from hf_gemma4 import hf_model, step_fn
 from torch.profiler import ProfilerActivity, profile
 
 from plelab.config import resolve_config
 from plelab.model import build_model
+from plelab.model.accounting import matmul_params
 from plelab.runtime import setup_torch
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm")
@@ -56,8 +58,15 @@ def main() -> None:
         shares = ", ".join(f"{k} {v:.0f} ms ({100 * v / total:.0f}%)" for k, v in parts.items())
         print(f"{name}: {total:.0f} ms per step (profiled): {shares}")
         print("   top: " + "; ".join(f"{k} {v:.0f} ms" for k, v in top))
-    ceiling = results["hf"][0] / results["plelab"][1]["matmul"]
-    print(f"ceiling of plelab ÷ HF tokens/s at this shape with plelab's matmul time alone: {ceiling:.2f}×")
+    mm_flops = B * T * 6 * matmul_params(cfg.model, cfg.ple)  # the aten::mm work of a step (attention is in SDPA)
+    peak = matmul_peak()
+    print(f"plelab's matmuls: {mm_flops / 1e9:.1f} GFLOP per step in {results['plelab'][1]['matmul']:.0f} ms = "
+          f"{100 * mm_flops / (results['plelab'][1]['matmul'] / 1e3) / peak:.0f}% of the GEMM peak measured now "
+          f"({peak / 1e9:.0f} GFLOP/s)")
+    floor = results["plelab"][1]["matmul"] + results["plelab"][1]["attention"]
+    print(f"ceiling of plelab ÷ HF tokens/s at this shape, both profiled, if plelab spent nothing beyond its "
+          f"matmuls and attention: {results['hf'][0] / floor:.2f}× (the profiler inflates the many small ops of "
+          f"'other' more than the matmuls, so the real ceiling is lower)")
 
 
 if __name__ == "__main__":

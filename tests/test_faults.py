@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from plelab.config import resolve_config
 from plelab.errors import PlelabError
@@ -80,6 +81,19 @@ def test_skip_nonfinite_skips_up_to_the_limit(trained, tiny_data):
         tr2.fit()
 
 
+def test_nonfinite_gradient_is_named_before_any_clipping(trained, tiny_data):
+    tr = _trainer(_cfg(6), tiny_data, trained, resume=True)
+    weight = tr.lm.model.layers[0].mlp.down_proj.weight
+    weight.register_hook(lambda g: torch.full_like(g, float("inf")) if tr.step == 4 else g)
+    with pytest.raises(PlelabError) as err:
+        tr.fit()
+    msg = str(err.value)
+    assert msg.startswith("the gradient norm became inf at step 5;")
+    assert "every forward output is finite: the backward pass produced it" in msg
+    assert "non-finite gradients: model.layers.0.mlp.down_proj.weight (layer 0)" in msg  # only the culprit
+    assert "non-finite weights" not in msg
+
+
 def test_no_space_left_while_checkpointing(trained, tiny_data, monkeypatch):
     checkpoints = _hashes(trained / "checkpoints")
     real = ckpt.save_file
@@ -103,31 +117,48 @@ def test_no_space_left_while_checkpointing(trained, tiny_data, monkeypatch):
     assert [p.name for p in ckpt.list_checkpoints(trained)] == ["step-000004", "step-000006"]
 
 
+def _progress(root: Path) -> int:
+    """Steps recorded so far over all runs of a sweep."""
+    total = 0
+    for path in root.glob("runs/*/seed-*/metrics.jsonl"):
+        try:
+            total += sum(1 for line in path.read_text().splitlines() if line.strip())
+        except OSError:
+            pass
+    return total
+
+
 def test_sweep_killed_at_random_points_three_times_runs_everything_once(tmp_path, tiny_data):
+    """Three kills (the sweep and its workers, like a lost node), each at a random point of the remaining work:
+    a random number of recorded steps past the last kill, plus a random delay up to half a second."""
     root = tmp_path / "sw"
+    steps, runs = 60, 4
     cmd = [sys.executable, "-m", "plelab", "sweep", "--preset", "cpu-tiny", "--dp", "0,8", "--seeds", "2",
-           "--steps", "60", "--out", str(root), "--no-report", "--no-progress", "--jobs", "2",
+           "--steps", str(steps), "--out", str(root), "--no-report", "--no-progress", "--jobs", "2",
            "--set", "train.checkpoint_every=10", "--set", "train.eval_every=10", "--set", "train.diag_windows=0"]
     rng = random.Random(7)
-    kills = 0
-    for _ in range(8):  # three kills land mid-sweep (a launch that finishes first is not counted)
-        if kills == 3:
-            break
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        time.sleep(rng.uniform(1.5, 5.0))
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its workers, like a lost node
-            kills += 1
-        proc.wait()
-    assert kills == 3
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    at_kill = []
+    for _ in range(3):
+        now = _progress(root)
+        target = rng.randint(min(now + 1, steps * runs - 10), min(now + 60, steps * runs - 10))
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and _progress(root) < target and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0, 0.5))
+        assert proc.poll() is None, "the sweep finished before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        at_kill.append(_progress(root))
+    assert 0 < at_kill[0] and at_kill[-1] < steps * runs  # every kill landed mid-sweep, after training began
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    runs = sorted(root.glob("runs/*/seed-*"))
-    assert len(runs) == 4
-    for run in runs:
-        steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
-        assert steps == list(range(1, 61)), run  # every step recorded once, none redone twice
-        assert json.loads((run / "summary.json").read_text())["steps"] == 60
+    found = sorted(root.glob("runs/*/seed-*"))
+    assert len(found) == runs
+    for run in found:
+        recorded = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert recorded == list(range(1, steps + 1)), run  # every step recorded once, none redone twice
+        assert json.loads((run / "summary.json").read_text())["steps"] == steps
         assert not list((run / "checkpoints").glob("*.tmp-*"))
-    again = subprocess.run(cmd, capture_output=True, text=True)
-    assert again.returncode == 0 and "4 already done, 0 to run" in again.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and f"{runs} already done, 0 to run" in again.stdout

@@ -9,7 +9,7 @@ from torch import nn
 from plelab.cli import main
 from plelab.config import resolve_config
 from plelab.model import build_model
-from plelab.train.sparse import RowSparseAdamW, clip_grad_norm
+from plelab.train.sparse import RowSparseAdamW, clip_with_norm, grad_norm
 
 
 def _pair(V=12, D=6, seed=0):
@@ -38,7 +38,8 @@ def _train(sparse, ids_per_step, wd=0.0, clip=None):
         if sparse:
             table.weight.grad = table.weight.grad.coalesce()
         if clip is not None:
-            clip_grad_norm(list(table.parameters()) + list(head.parameters()), clip)
+            params = list(table.parameters()) + list(head.parameters())
+            clip_with_norm(params, clip, grad_norm(params))
         opt.step()
         opt.zero_grad(set_to_none=True)
     return table, head, opt
@@ -81,7 +82,7 @@ def test_untouched_rows_and_their_moments_are_left_alone():
     assert opt.state[table.weight]["step"].item() == 3
 
 
-def test_clip_grad_norm_counts_sparse_rows_like_a_dense_gradient():
+def test_grad_norm_and_clipping_count_sparse_rows_like_a_dense_gradient():
     ids = torch.tensor([0, 3, 3, 7])
     norms, grads = [], []
     for sparse in (False, True):
@@ -90,7 +91,9 @@ def test_clip_grad_norm_counts_sparse_rows_like_a_dense_gradient():
         (head(table(ids)) ** 2).sum().backward()
         if sparse:
             table.weight.grad = table.weight.grad.coalesce()
-        norms.append(clip_grad_norm([table.weight, *head.parameters()], 0.05))
+        params = [table.weight, *head.parameters()]
+        norms.append(grad_norm(params))
+        clip_with_norm(params, 0.05, norms[-1])
         grads.append(table.weight.grad.to_dense())
     torch.testing.assert_close(norms[1], norms[0])
     torch.testing.assert_close(grads[1], grads[0])
@@ -123,7 +126,46 @@ def test_row_sparse_training_run_records_it_and_resumes_exactly(tmp_path):
     assert [r["loss"] for r in again] == [r["loss"] for r in sparse]
 
 
-def test_table_on_host_gives_the_same_run(tmp_path):
+def test_host_to_device_copy_passes_the_gradient_back():
+    from plelab.model.transformer import _HostToDevice
+
+    rows = torch.randn(5, 3, requires_grad=True)
+    out = _HostToDevice.apply(rows, torch.device("cpu"))
+    (out * torch.arange(3.0)).sum().backward()
+    assert torch.equal(out, rows) and torch.equal(rows.grad, torch.arange(3.0).expand(5, 3))
+
+
+def test_ddp_leaves_the_row_sparse_table_to_the_trainer(tmp_path):
+    """Under DDP the table is in DDP's ignore list (the trainer all-gathers its rows instead)."""
+    import torch.distributed as dist
+
+    from plelab.train.distributed import DistInfo, wrap_model
+
+    cfg = resolve_config("cpu-tiny", [], dp=16)
+    model = build_model(cfg.model, cfg.ple, seed=0)
+    name = "model.embed_tokens_per_layer.weight"
+    assert name in dict(model.named_parameters())  # the name the trainer passes
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        wrapped = wrap_model(model, "ddp", DistInfo(world_size=2), torch.device("cpu"), False, ignore=[name])
+        assert name in wrapped.parameters_to_ignore
+        table = model.model.embed_tokens_per_layer.weight
+        assert all(p is not table for p in wrapped._module_parameters)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: trunk on the GPU, table on the host")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_table_on_host_under_a_gpu_trunk_gives_the_same_losses(tmp_path, precision):
+    sets = ["--set", "train.device=cuda", "--set", f"train.precision={precision}", "--table-optimizer", "row-sparse"]
+    _, dev = _run(tmp_path, "dev", *sets)
+    _, host = _run(tmp_path, "host", *sets, "--ple-table-device", "cpu")
+    for a, b in zip(dev, host):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5 if precision == "fp32" else 1e-3)
+
+
+def test_table_on_host_config_builds_the_same_model_and_run_on_cpu(tmp_path):
     cfg = resolve_config("cpu-tiny", [], dp=16)
     model = build_model(cfg.model, cfg.ple, seed=3, device="cpu", table_device="cpu")
     ref = build_model(cfg.model, cfg.ple, seed=3, device="cpu")
@@ -138,7 +180,8 @@ def test_table_on_host_gives_the_same_run(tmp_path):
 @pytest.mark.parametrize("sets, needle", [
     (["train.table_optimizer=sparse"], "train.table_optimizer='sparse'"),
     (["train.table_optimizer=row-sparse", "train.parallel=fsdp"], "FSDP2 shards the table densely"),
-    (["train.table_optimizer=row-sparse", "train.compile=true"], "sparse gradients do not compile"),
+    (["train.table_optimizer=row-sparse", "train.compile=true"], "sparse gradients and the host-side table"),
+    (["train.table_device=cpu", "train.compile=true"], "sparse gradients and the host-side table"),
     (["train.table_device=gpu"], "train.table_device='gpu'"),
 ])
 def test_bad_table_settings_are_one_line_errors(sets, needle, capsys, tmp_path):
@@ -166,6 +209,12 @@ def test_eval_with_a_memory_mapped_table_reproduces_the_runs_validation_loss(tmp
     model, _ = load_for_eval(out)
     table = model.model.embed_tokens_per_layer.weight
     file = out / "checkpoints" / "step-000006" / "model.safetensors"
+    mapped = [line.split()[0].split("-") for line in open("/proc/self/maps") if line.rstrip().endswith(str(file))]
+    assert any(int(lo, 16) <= table.data_ptr() < int(hi, 16) for lo, hi in mapped)  # the table lives in the map
+    in_memory, _ = load_for_eval(out, mmap_table=False)
+    assert torch.equal(in_memory.model.embed_tokens_per_layer.weight, table)
+    assert not any(int(lo, 16) <= in_memory.model.embed_tokens_per_layer.weight.data_ptr() < int(hi, 16)
+                   for lo, hi in mapped)
     before = file.read_bytes()
     table.data[0].fill_(1.0)  # copy-on-write: the map is private, the file never changes
     assert file.read_bytes() == before

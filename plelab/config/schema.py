@@ -160,7 +160,8 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
     # Steps with a non-finite loss or gradient that may be skipped (no update) before the run stops; 0 = stop
-    # at the first (with the layer and step named). Skipped steps are logged and counted in summary.json.
+    # at the first (with the layer and step named). Skipped steps are logged and counted in summary.json; the
+    # data position still advances (their batch is not retried) and tokens_seen counts their tokens.
     skip_nonfinite: int = 0
     eval_every: int = 50
     eval_batches: int = 8
@@ -220,8 +221,9 @@ class TrainConfig:
         _require(self.parallel == "ddp" or (self.table_optimizer == "adamw" and self.table_device == "auto"),
                  "train.parallel", self.parallel, "ddp with train.table_optimizer=row-sparse or "
                  "train.table_device=cpu (FSDP2 shards the table densely)")
-        _require(not self.compile or self.table_optimizer == "adamw", "train.compile", self.compile,
-                 "false with train.table_optimizer=row-sparse (sparse gradients do not compile)")
+        _require(not self.compile or (self.table_optimizer == "adamw" and self.table_device == "auto"),
+                 "train.compile", self.compile, "false with train.table_optimizer=row-sparse or train.table_device=cpu "
+                 "(sparse gradients and the host-side table are not compiled)")
 
 
 @dataclass

@@ -88,7 +88,7 @@ def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: 
     except (OSError, SafetensorError) as err:  # e.g. no space left on device: the half checkpoint goes
         shutil.rmtree(tmp, ignore_errors=True)
         kept = [p.name for p in list_checkpoints(run_dir)]
-        why = getattr(err, "strerror", None) or str(err).splitlines()[0]
+        why = getattr(err, "strerror", None) or (str(err).splitlines() or [repr(err)])[0]
         then = (f"the previous checkpoint {kept[-1]} is intact — free space and continue with --resume" if kept
                 else "no earlier checkpoint exists — free space and start the run again")
         raise PlelabError(f"cannot write checkpoint {final.name} in {root}: {why}; {then}") from None

@@ -56,7 +56,8 @@ def all_ranks_ok(ok: bool, info: DistInfo) -> bool:
     """True on every rank iff ``ok`` is true on every rank (so that an error on rank 0 stops all)."""
     if not info.enabled:
         return ok
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)  # NCCL reduces CUDA tensors only
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 

@@ -3,19 +3,21 @@
 The model comes from :func:`plelab.model.loading.load_for_eval` (trunk on ``--device``, table mapped
 from ``model.safetensors`` on the host unless ``--table-in-memory``); the windows are the run's own
 validation windows from its corpus: by default exactly those the trainer evaluated on
-(``train.eval_batches × train.batch_size`` windows of ``train.seq_len``), so that the final checkpoint
-reproduces the run's last validation loss.
+(``train.eval_batches × train.batch_size`` windows of ``train.seq_len``, in the run's micro-batches and
+precision), so that a single-process run's final checkpoint reproduces its last validation loss. A
+corpus that no longer matches the run's fingerprint is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
 import torch
 
-from plelab.errors import ConfigError
+from plelab.errors import ConfigError, PlelabError
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -24,8 +26,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from plelab.diagnostics.usage import window_losses
     from plelab.model.loading import checkpoint_of, load_for_eval
     from plelab.runtime import resolve_device, setup_torch
+    from plelab.train.checkpoint import read_state
 
-    if (args.windows is not None and args.windows < 1) or args.batch < 1:
+    if (args.windows is not None and args.windows < 1) or (args.batch is not None and args.batch < 1):
         raise ConfigError("--windows and --batch must be integers >= 1")
     setup_torch(0)
     device = resolve_device(args.device)
@@ -34,13 +37,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model, cfg = load_for_eval(ckpt, device=device, mmap_table=not args.table_in_memory)
     load_s = time.perf_counter() - t0
     data = prepare_data(cfg, progress=not args.no_progress)
+    trained_on = read_state(ckpt, for_resume=False).get("corpus_fingerprint")
+    if trained_on is not None and trained_on != data.corpus_fingerprint:
+        raise PlelabError(f"{ckpt} was trained on another corpus (sha256 {trained_on[:12]}…, the run's data.path "
+                          f"now gives {data.corpus_fingerprint[:12]}…); restore the run's corpus")
     if cfg.ple.enabled and cfg.ple.ids == "iid":
         vp = cfg.ple.resolved_vocab_size(cfg.model)
         model.model.set_iid_frequencies(torch.from_numpy(data.train_counts(vp)).to(device))
     n = args.windows if args.windows is not None else cfg.train.eval_batches * cfg.train.batch_size
     windows = val_windows(data.val, cfg.train.seq_len, n)
-    with torch.no_grad():
-        losses = window_losses(model, windows, args.batch, device)
+    # as the trainer evaluates: its micro-batch (the i.i.d. null's draws are seeded per chunk) and precision
+    batch = args.batch or cfg.train.batch_size // cfg.train.grad_accum
+    bf16 = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
+    with torch.no_grad(), (torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()):
+        losses = window_losses(model, windows, batch, device)
     table = model.model.embed_tokens_per_layer.weight if cfg.ple.enabled else None
     out = {"checkpoint": str(ckpt), "val_loss": float(losses.mean()), "windows": len(windows),
            "device": str(device), "table_device": str(table.device) if table is not None else None,
@@ -60,7 +70,7 @@ def add_eval_parser(sub) -> None:
     p.add_argument("path", help="a run folder (its latest checkpoint) or a checkpoints/step-N folder")
     p.add_argument("--device", default="auto", help="where the trunk runs: auto | cpu | cuda | cuda:N")
     p.add_argument("--windows", type=int, help="validation windows (default: the run's own, as in training)")
-    p.add_argument("--batch", type=int, default=8, help="windows per forward pass (default 8)")
+    p.add_argument("--batch", type=int, help="windows per forward pass (default: the run's micro-batch)")
     p.add_argument("--table-in-memory", action="store_true",
                    help="read the table into memory on --device instead of memory-mapping it")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -93,7 +93,10 @@ class MetricSinks:
             self.wandb.log({k: v for k, v in row.items() if k != "step"}, step=step)
 
     def close(self) -> None:
-        self.jsonl.close()
+        try:
+            self.jsonl.close()
+        except OSError:  # a full disk: write() already said so; the lines it could not flush are lost
+            pass
         if self.tb is not None:
             self.tb.close()
         if self.wandb is not None:

@@ -62,20 +62,26 @@ def nonfinite_tensors(model: nn.Module, grads: bool = False, limit: int = 3) -> 
 
 def where(name: str | None) -> str:
     """``model.layers.3.mlp.down_proj`` -> ``model.layers.3.mlp.down_proj (layer 3)``."""
-    if name is None:
-        return "no module output (the loss itself)"
     m = re.search(r"layers\.(\d+)\.", name + ".")
     return f"{name} (layer {m.group(1)})" if m else name
 
 
-def describe_nonfinite(model: nn.Module, forward: Callable[[], object]) -> str:
-    """One clause naming the first non-finite module output of ``forward()`` and any non-finite weights
-    (else gradients), e.g. ``first non-finite output: model.layers.1.mlp (layer 1); non-finite weights: …``."""
-    detail = f"first non-finite output: {where(first_nonfinite_module(model, forward))}"
+def describe_nonfinite(model: nn.Module, forward: Callable[[], object], loss_finite: bool = False) -> str:
+    """One clause naming where a non-finite value came from: the first non-finite module output of
+    ``forward()`` (the step's forward again), else — the forward being finite — the backward; then any
+    non-finite weights, else gradients (read before any clipping), e.g.
+    ``first non-finite output: model.layers.1.mlp.up_proj (layer 1); non-finite weights: …``."""
+    culprit = first_nonfinite_module(model, forward)
+    if culprit is not None:
+        detail = f"first non-finite output: {where(culprit)}"
+    elif loss_finite:
+        detail = "every forward output is finite: the backward pass produced it"
+    else:
+        detail = "every module output is finite: the loss computation produced it"
     weights = nonfinite_tensors(model)
     grads = [] if weights else nonfinite_tensors(model, grads=True)
     if weights:
         detail += f"; non-finite weights: {', '.join(weights)}"
     elif grads:
-        detail += f"; non-finite gradients: {', '.join(grads)}"
+        detail += f"; non-finite gradients: {', '.join(where(g) for g in grads)}"
     return detail

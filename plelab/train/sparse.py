@@ -24,7 +24,6 @@ moments stay dense: same indices as the table, same checkpoint format as AdamW).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import torch
@@ -94,30 +93,33 @@ def coalesce_sparse_grads(params: Iterable[torch.Tensor]) -> None:
             p.grad = p.grad.coalesce()
 
 
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` that also takes coalesced sparse gradients.
+def grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
+    """Total L2 norm of the gradients, dense ones and coalesced sparse ones (``sqrt(‖dense‖² + Σ‖values‖²)``).
 
-    Without sparse gradients it *is* torch's function (bit-identical runs); with them the total
-    L2 norm is ``sqrt(‖dense‖² + Σ‖values‖²)`` and every gradient is scaled by the same
-    ``min(1, max_norm / (norm + 1e-6))``. Returns the total norm before clipping.
+    Without sparse gradients it is ``torch.nn.utils.get_total_norm`` — what ``clip_grad_norm_`` computes first,
+    so that norm-then-:func:`clip_with_norm` is bit-identical to ``clip_grad_norm_``.
     """
     grads = [p.grad for p in params if p.grad is not None]
     sparse = [g for g in grads if g.is_sparse]
-    if not sparse:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
     dense = [g for g in grads if not g.is_sparse]
+    if not sparse:
+        return torch.nn.utils.get_total_norm(dense)
     sq = [torch.linalg.vector_norm(g.values()).pow(2) for g in sparse]
     if dense:
         sq.append(torch.nn.utils.get_total_norm(dense).pow(2).to(sq[0].device))
-    total = torch.stack(sq).sum().sqrt()
-    if math.isfinite(max_norm):
+    return torch.stack(sq).sum().sqrt()
+
+
+def clip_with_norm(params: list[torch.Tensor], max_norm: float, total: torch.Tensor) -> None:
+    """Scale every gradient by ``min(1, max_norm / (total + 1e-6))`` (``total`` from :func:`grad_norm`)."""
+    dense = [p for p in params if p.grad is not None and not p.grad.is_sparse]
+    if dense:
+        torch.nn.utils.clip_grads_with_norm_(dense, max_norm, total)
+    sparse = [p.grad for p in params if p.grad is not None and p.grad.is_sparse]
+    if sparse:
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        if dense:
-            torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None and not p.grad.is_sparse],
-                                                 max_norm, total.to(dense[0].device))
         for g in sparse:
             g.values().mul_(coef.to(g.device))
-    return total
 
 
 def all_reduce_sparse_grad(p: torch.Tensor, world_size: int, comm_device: torch.device) -> None:

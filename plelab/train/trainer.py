@@ -48,7 +48,7 @@ from plelab.train.distributed import (
 from plelab.train.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
 from plelab.train.nonfinite import describe_nonfinite
 from plelab.train.optim import build_optimizer, lr_multiplier, set_lr
-from plelab.train.sparse import all_reduce_sparse_grad, clip_grad_norm, coalesce_sparse_grads
+from plelab.train.sparse import all_reduce_sparse_grad, clip_with_norm, coalesce_sparse_grads, grad_norm
 
 # Config keys that must match for a checkpoint to be resumed (they change what a step computes).
 _RESUME_KEYS = ("seed", "model", "ple", "train.batch_size", "train.seq_len", "train.table_optimizer", "visual")
@@ -93,7 +93,8 @@ class Trainer:
             self.rows = RowCounter(vp, self.device)
             if cfg.ple.ids == "iid":
                 self.lm.model.set_iid_frequencies(torch.from_numpy(data.train_counts(vp)).to(self.device))
-        sparse_names = ["model.embed_tokens_per_layer.weight"] if self.sparse_table is not None else []
+        table_apart = self.sparse_table is not None or (cfg.ple.enabled and tc.table_device == "cpu")
+        sparse_names = ["model.embed_tokens_per_layer.weight"] if table_apart else []
         self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device, self.bf16, ignore=sparse_names)
         self.opt = self._build_optimizer()
         self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
@@ -119,7 +120,8 @@ class Trainer:
         """Switch the table to sparse row gradients (``train.table_optimizer=row-sparse``); returns its
         weight then. Under torchrun DDP leaves it alone and the trainer averages its rows itself."""
         tc, pc = self.cfg.train, self.cfg.ple
-        if self.dist.enabled and tc.table_device == "cpu" and tc.table_optimizer != "row-sparse":
+        if self.dist.enabled and tc.table_device == "cpu" and tc.table_optimizer != "row-sparse" \
+                and pc.enabled and pc.table == "learned":
             raise PlelabError("train.table_device=cpu under torchrun needs train.table_optimizer=row-sparse "
                               "(a dense host-side gradient cannot be all-reduced by NCCL); add --set "
                               "train.table_optimizer=row-sparse")
@@ -251,6 +253,7 @@ class Trainer:
                          and (step + 1) % tc.diag_every == 0)
         t0 = time.perf_counter()
         total = torch.zeros((), device=self.device)
+        looked_up = []  # table rows of each micro-step, counted once the step is known to be finite
         for m in range(tc.grad_accum):
             first = (self.dist.rank * tc.grad_accum + m) * self.micro_batch
             sync_off = m < tc.grad_accum - 1 and hasattr(self.wrapped, "no_sync")
@@ -260,7 +263,7 @@ class Trainer:
                 if m == 0:
                     first_probe = probe
             if self.rows is not None:
-                self.rows.update(self.lm.model.last_table_ids)
+                looked_up.append(self.lm.model.last_table_ids)
             (loss / tc.grad_accum).backward()
             total += loss.detach()
         if self.sparse_table is not None and self.sparse_table.grad is not None:
@@ -269,17 +272,21 @@ class Trainer:
                 all_reduce_sparse_grad(self.sparse_table, self.dist.world_size,
                                        self.device if self.device.type == "cuda" else torch.device("cpu"))
         loss = mean_across_ranks(total / tc.grad_accum, self.dist).item()
-        rows0 = slice(self.dist.rank * tc.grad_accum * self.micro_batch, (self.dist.rank * tc.grad_accum + 1)
-                      * self.micro_batch)
         if not math.isfinite(loss):
-            return self._nonfinite(step, f"the loss became {loss}", rows0)
+            return self._nonfinite(step, f"the loss became {loss}")
+        params = list(self.model.parameters())
+        gnorm = grad_norm(params)  # before any clipping: a non-finite gradient is diagnosed as it is
+        gnorm_value = (gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm).item()
+        if not math.isfinite(gnorm_value):
+            return self._nonfinite(step, f"the gradient norm became {gnorm_value}")
+        if self.rows is not None:
+            for ids in looked_up:
+                self.rows.update(ids)
         extra = live_row(first_probe, self.lm, self.rows, self.dist) if diag_step else {}
         if diag_step:
             extra["diag"].update(self._live_extra())
-        gnorm = clip_grad_norm(list(self.model.parameters()), tc.grad_clip if tc.grad_clip > 0 else math.inf)
-        gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
-        if not math.isfinite(gnorm.item()):
-            return self._nonfinite(step, f"the gradient norm became {gnorm.item()}", rows0)
+        if tc.grad_clip > 0:
+            clip_with_norm(params, tc.grad_clip, gnorm)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         for g in self.opt.param_groups:
@@ -292,19 +299,29 @@ class Trainer:
         self.tokens_seen += tokens
         self.step += 1
         tps = tokens / dt
-        return {"step": self.step, "loss": loss, "lr": self.opt.param_groups[0]["lr"], "grad_norm": gnorm.item(),
+        return {"step": self.step, "loss": loss, "lr": self.opt.param_groups[0]["lr"], "grad_norm": gnorm_value,
                 "tokens": self.tokens_seen, "epoch": self.sampler.epochs(self.step, tc.batch_size),
                 "tokens_per_second": tps,
                 "mfu": (tps * self.flops_per_token / (self.peak_flops * self.dist.world_size)
                         if self.peak_flops else None), **extra}
 
-    def _nonfinite(self, step: int, what: str, rows: slice) -> dict:
-        """A non-finite loss or gradient at ``step``: name its origin, then skip the step (while
-        ``train.skip_nonfinite`` allows) or stop before any update with a one-line error."""
-        def again():
-            with self._autocast():
-                self._micro_loss(step, 0, rows)
-        detail = describe_nonfinite(self.model, again)
+    def _nonfinite(self, step: int, what: str) -> dict:
+        """A non-finite loss or gradient norm at ``step`` (before any clipping or update): name its origin, then
+        skip the step (while ``train.skip_nonfinite`` allows) or stop with a one-line error."""
+        tc = self.cfg.train
+        forward, self.forward = self.forward, self.wrapped  # hooks on an uncompiled module
+
+        def again():  # this rank's micro-batches of the step, the same data (the sampler is a function of it)
+            for m in range(tc.grad_accum):
+                first = (self.dist.rank * tc.grad_accum + m) * self.micro_batch
+                with self._autocast():
+                    out = self._micro_loss(step, m, slice(first, first + self.micro_batch))
+                if not torch.isfinite(out).all():
+                    return
+        try:
+            detail = describe_nonfinite(self.model, again, loss_finite=what.startswith("the gradient"))
+        finally:
+            self.forward = forward
         self.opt.zero_grad(set_to_none=True)
         tc = self.cfg.train
         if self.skipped_steps < tc.skip_nonfinite:
