@@ -206,7 +206,7 @@ CASES = {
     "diagnose-folder-without-weights": (lambda w: ["diagnose", f"{w}/empty-dir", "--no-progress"],
                                         "holds no .safetensors file"),
     "diagnose-out-unwritable": (lambda w: ["diagnose", f"{w}/run", "--no-use", "--no-progress", "--out",
-                                           _unwritable(w)], "--out"),
+                                           _unwritable(w)], "give a writable folder for diagnostics.json"),
     # sweeps deleted or damaged halfway, names that try to leave the sweep folder
     "report-runs-deleted": (lambda w: ["report", _sweep_copy(w, "noruns", lambda r: shutil.rmtree(r / "runs"))],
                             "the baseline dp0 has no finished run yet"),
@@ -243,7 +243,7 @@ CASES = {
     "eval-folder-without-checkpoint": (lambda w: ["eval", f"{w}/empty-dir"], "holds no plelab checkpoint"),
     "eval-truncated-weights": (
         lambda w: ["eval", str(_run_copy(w, "etrunc", lambda c: _truncate(c / "model.safetensors")))],
-        "model.safetensors"),
+        "model.safetensors is not a readable safetensors file"),
     "eval-pickle-as-weights": (
         lambda w: ["eval", str(_run_copy(w, "epickle", lambda c: shutil.copy(w / "payload.pt",
                                                                             c / "model.safetensors")))],
