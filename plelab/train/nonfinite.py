@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -85,3 +86,14 @@ def describe_nonfinite(model: nn.Module, forward: Callable[[], object], loss_fin
     elif grads:
         detail += f"; non-finite gradients: {', '.join(where(g) for g in grads)}"
     return detail
+
+
+def stop_message(what: str, step: int, detail: str, run_dir: Path | None) -> str:
+    """The one-line error of a run stopped by a non-finite value at (0-based) ``step``."""
+    from plelab.train.checkpoint import list_checkpoints
+
+    found = list_checkpoints(run_dir) if run_dir is not None else []
+    kept = f"its last checkpoint ({found[-1].name}) is kept" if found else "no checkpoint was written yet"
+    return (f"{what} at step {step + 1}; {detail}. The run stopped before updating; {kept}. Lower train.lr or "
+            "raise train.warmup_steps, check the data, or let up to N such steps be skipped with "
+            "--set train.skip_nonfinite=N")

@@ -147,3 +147,21 @@ def all_reduce_sparse_grad(p: torch.Tensor, world_size: int, comm_device: torch.
     summed = torch.sparse_coo_tensor(keep_rows.unsqueeze(0), keep_vals, p.shape).coalesce()
     p.grad = summed / world_size
 
+
+
+def make_table_sparse(lm, cfg, distributed: bool) -> torch.nn.Parameter | None:
+    """Give the per-layer table of ``lm`` sparse row gradients when ``train.table_optimizer=row-sparse`` (a learned
+    table only) and return its weight, else None. Refuses a dense host-side table under torchrun."""
+    from plelab.errors import PlelabError
+
+    tc, pc = cfg.train, cfg.ple
+    learned = pc.enabled and pc.table == "learned"
+    if distributed and tc.table_device == "cpu" and tc.table_optimizer != "row-sparse" and learned:
+        raise PlelabError("train.table_device=cpu under torchrun needs train.table_optimizer=row-sparse (a dense "
+                          "host-side gradient cannot be all-reduced by NCCL); add --set "
+                          "train.table_optimizer=row-sparse")
+    if tc.table_optimizer != "row-sparse" or not learned:
+        return None
+    table = lm.model.embed_tokens_per_layer
+    table.sparse = True
+    return table.weight

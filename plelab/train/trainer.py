@@ -36,6 +36,7 @@ from plelab.model.transformer import PLECausalLM
 from plelab.provenance import provenance
 from plelab.runtime import available_cores, resolve_device, seed_everything, setup_torch
 from plelab.train import checkpoint as ckpt
+from plelab.train import sparse
 from plelab.train.distributed import (
     DistInfo,
     all_ranks_ok,
@@ -46,9 +47,8 @@ from plelab.train.distributed import (
     wrap_model,
 )
 from plelab.train.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
-from plelab.train.nonfinite import describe_nonfinite
+from plelab.train.nonfinite import describe_nonfinite, stop_message
 from plelab.train.optim import build_optimizer, lr_multiplier, set_lr
-from plelab.train.sparse import all_reduce_sparse_grad, clip_with_norm, coalesce_sparse_grads, grad_norm
 
 # Config keys that must match for a checkpoint to be resumed (they change what a step computes).
 _RESUME_KEYS = ("seed", "model", "ple", "train.batch_size", "train.seq_len", "train.table_optimizer", "visual")
@@ -86,7 +86,7 @@ class Trainer:
         self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and self.device.type == "cuda")
         self.model = self._build_model()
         self.lm: PLECausalLM = self.model if isinstance(self.model, PLECausalLM) else self.model.lm
-        self.sparse_table = self._setup_table()
+        self.sparse_table = sparse.make_table_sparse(self.lm, cfg, self.dist.enabled)
         self.rows: RowCounter | None = None
         if cfg.ple.enabled:
             vp = cfg.ple.resolved_vocab_size(cfg.model)
@@ -115,21 +115,6 @@ class Trainer:
     def _build_model(self) -> torch.nn.Module:
         return build_model(self.cfg.model, self.cfg.ple, seed=self.cfg.seed, device=self.device,
                            table_device="cpu" if self.cfg.train.table_device == "cpu" else None)
-
-    def _setup_table(self) -> torch.nn.Parameter | None:
-        """Switch the table to sparse row gradients (``train.table_optimizer=row-sparse``); returns its
-        weight then. Under torchrun DDP leaves it alone and the trainer averages its rows itself."""
-        tc, pc = self.cfg.train, self.cfg.ple
-        if self.dist.enabled and tc.table_device == "cpu" and tc.table_optimizer != "row-sparse" \
-                and pc.enabled and pc.table == "learned":
-            raise PlelabError("train.table_device=cpu under torchrun needs train.table_optimizer=row-sparse "
-                              "(a dense host-side gradient cannot be all-reduced by NCCL); add --set "
-                              "train.table_optimizer=row-sparse")
-        if tc.table_optimizer != "row-sparse" or not pc.enabled or pc.table != "learned":
-            return None
-        table = self.lm.model.embed_tokens_per_layer
-        table.sparse = True
-        return table.weight
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         return build_optimizer(self.model, self.cfg.train)
@@ -267,15 +252,15 @@ class Trainer:
             (loss / tc.grad_accum).backward()
             total += loss.detach()
         if self.sparse_table is not None and self.sparse_table.grad is not None:
-            coalesce_sparse_grads([self.sparse_table])
+            sparse.coalesce_sparse_grads([self.sparse_table])
             if self.dist.enabled:
-                all_reduce_sparse_grad(self.sparse_table, self.dist.world_size,
+                sparse.all_reduce_sparse_grad(self.sparse_table, self.dist.world_size,
                                        self.device if self.device.type == "cuda" else torch.device("cpu"))
         loss = mean_across_ranks(total / tc.grad_accum, self.dist).item()
         if not math.isfinite(loss):
             return self._nonfinite(step, f"the loss became {loss}")
         params = list(self.model.parameters())
-        gnorm = grad_norm(params)  # before any clipping: a non-finite gradient is diagnosed as it is
+        gnorm = sparse.grad_norm(params)  # before any clipping: a non-finite gradient is diagnosed as it is
         gnorm_value = (gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm).item()
         if not math.isfinite(gnorm_value):
             return self._nonfinite(step, f"the gradient norm became {gnorm_value}")
@@ -286,7 +271,7 @@ class Trainer:
         if diag_step:
             extra["diag"].update(self._live_extra())
         if tc.grad_clip > 0:
-            clip_with_norm(params, tc.grad_clip, gnorm)
+            sparse.clip_with_norm(params, tc.grad_clip, gnorm)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         for g in self.opt.param_groups:
@@ -323,7 +308,6 @@ class Trainer:
         finally:
             self.forward = forward
         self.opt.zero_grad(set_to_none=True)
-        tc = self.cfg.train
         if self.skipped_steps < tc.skip_nonfinite:
             self.skipped_steps += 1
             self.step += 1
@@ -331,11 +315,7 @@ class Trainer:
             return {"step": self.step, "tokens": self.tokens_seen, "lr": self.opt.param_groups[0]["lr"],
                     "skipped": f"{what}; {detail} (skip {self.skipped_steps} of train.skip_nonfinite="
                                f"{tc.skip_nonfinite})"}
-        found = ckpt.list_checkpoints(self.run_dir) if self.run_dir is not None else []
-        kept = f"its last checkpoint ({found[-1].name}) is kept" if found else "no checkpoint was written yet"
-        raise PlelabError(f"{what} at step {step + 1}; {detail}. The run stopped before updating; {kept}. Lower "
-                          f"train.lr or raise train.warmup_steps, check the data, or let up to N such steps be "
-                          f"skipped with --set train.skip_nonfinite=N")
+        raise PlelabError(stop_message(what, step, detail, self.run_dir))
 
     def evaluate(self) -> float:
         """Mean next-token CE (nats) over the fixed validation windows (every rank runs all of them)."""
