@@ -72,6 +72,7 @@ def test_skip_nonfinite_skips_up_to_the_limit(trained, tiny_data):
     assert "loss" not in rows[4] and "the loss became nan" in rows[4]["skipped"]
     assert "(skip 1 of train.skip_nonfinite=1)" in rows[4]["skipped"]
     assert json.loads((trained / "summary.json").read_text())["skipped_steps"] == 1
+    assert int(tr.rows.counts.sum()) == 5 * 8 * 64  # table rows of the five trained steps only (B=8, T=64)
     assert any(not (a == b).all() for a, b in zip(before, tr.model.parameters()))  # step 6 trained
     tr2 = _trainer(_cfg(8, "train.skip_nonfinite=1"), tiny_data, trained, resume=True)
     assert tr2.skipped_steps == 1  # the count survives a resume: the limit is per run
@@ -84,11 +85,12 @@ def test_skip_nonfinite_skips_up_to_the_limit(trained, tiny_data):
 def test_nonfinite_gradient_is_named_before_any_clipping(trained, tiny_data):
     tr = _trainer(_cfg(6), tiny_data, trained, resume=True)
     weight = tr.lm.model.layers[0].mlp.down_proj.weight
-    weight.register_hook(lambda g: torch.full_like(g, float("inf")) if tr.step == 4 else g)
+    # NaN, not Inf: clipping first would turn every gradient into NaN and name the wrong parameters
+    weight.register_hook(lambda g: torch.full_like(g, float("nan")) if tr.step == 4 else g)
     with pytest.raises(PlelabError) as err:
         tr.fit()
     msg = str(err.value)
-    assert msg.startswith("the gradient norm became inf at step 5;")
+    assert msg.startswith("the gradient norm became nan at step 5;")
     assert "every forward output is finite: the backward pass produced it" in msg
     assert "non-finite gradients: model.layers.0.mlp.down_proj.weight (layer 0)" in msg  # only the culprit
     assert "non-finite weights" not in msg

@@ -58,6 +58,8 @@ def work(tmp_path_factory):
     (w / "latin1.txt").write_bytes("café naïve déjà vu. ".encode("latin-1") * 200)
     (w / "one-line.txt").write_text("spam " * 200_000)  # 1 MB on one line, one sentence repeated
     (w / "a-file").write_text("not a folder")
+    words = random.Random(0).choices(["alpha", "beta", "gamma", "delta", "table", "layer", "token", "gate"], k=60_000)
+    (w / "other.txt").write_text("\n\n".join(" ".join(words[i:i + 100]) for i in range(0, len(words), 100)))
     (w / "empty-dir").mkdir()
     with open(w / "payload.pt", "wb") as f:
         pickle.dump(_Payload(w / "PWNED"), f)
@@ -252,6 +254,10 @@ CASES = {
         lambda w: ["eval", str(_run_copy(w, "eforeign", lambda c: shutil.copy(w / "foreign.safetensors",
                                                                              c / "model.safetensors")))],
         "lacks model.embed_tokens.weight"),
+    "eval-other-corpus": (
+        lambda w: ["eval", str(_run_copy(w, "ecorpus", lambda c: _edit_json(
+            c / "state.json", lambda d: d["config"]["data"].update(path=f"{w}/other.txt"))))],
+        "was trained on another corpus"),
     "eval-bad-windows": (lambda w: ["eval", f"{w}/run", "--windows", "0"], "--windows and --batch"),
     # demo
     "demo-missing-data": (lambda w: ["demo", "--quick", "--no-progress", "--data", f"{w}/nowhere",

@@ -155,6 +155,26 @@ def test_ddp_leaves_the_row_sparse_table_to_the_trainer(tmp_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("sets, ignored", [
+    (["train.table_optimizer=row-sparse"], True),
+    (["ple.table=frozen", "train.table_device=cpu"], True),  # a host-side table, even frozen, stays out of DDP
+    ([], False),
+])
+def test_the_trainer_keeps_a_sparse_or_host_side_table_out_of_ddp(sets, ignored, monkeypatch, tiny_data):
+    import plelab.train.trainer as trainer_module
+
+    seen = {}
+
+    def spy(model, mode, info, device, bf16, ignore=()):
+        seen["ignore"] = list(ignore)
+        return model
+
+    monkeypatch.setattr(trainer_module, "wrap_model", spy)
+    cfg = resolve_config("cpu-tiny", sets, dp=16)
+    trainer_module.Trainer(cfg, tiny_data, None, progress=False, log=lambda *a: None)
+    assert seen["ignore"] == (["model.embed_tokens_per_layer.weight"] if ignored else [])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: trunk on the GPU, table on the host")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_table_on_host_under_a_gpu_trunk_gives_the_same_losses(tmp_path, precision):
@@ -218,5 +238,10 @@ def test_eval_with_a_memory_mapped_table_reproduces_the_runs_validation_loss(tmp
     before = file.read_bytes()
     table.data[0].fill_(1.0)  # copy-on-write: the map is private, the file never changes
     assert file.read_bytes() == before
+    # the run's micro-batch matters for the i.i.d. null (its draws are seeded per chunk): grad_accum=2 -> 4
+    iid, iid_rows = _run(tmp_path, "iid", "--set", "ple.ids=iid", "--set", "train.grad_accum=2")
+    capsys.readouterr()
+    assert main(["eval", str(iid), "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["val_loss"] == pytest.approx(iid_rows[-1]["val_loss"], abs=1e-6)
     assert main(["eval", str(tmp_path / "nothing")]) == 2
     assert "nothing does not exist" in capsys.readouterr().err

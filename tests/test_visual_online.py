@@ -101,3 +101,19 @@ def test_visual_study_compares_online_with_frozen(tmp_path, capsys):
     rows = {r["method"]: r for r in data["analysis"]["rows"]}
     assert rows["vq-online"]["flip_rate"] > 0 and rows["vq-frozen"]["flip_rate"] == 0
     assert [c["b"] for c in data["analysis"]["online_vs_frozen"]["content"]] == ["vq-online"]
+
+
+def test_a_nonfinite_step_is_replayed_without_moving_the_quantizer_or_the_counts():
+    """Locating a NaN re-runs the step's forward: with the step's own IDs, no quantizer step, no row counts."""
+    from plelab.errors import PlelabError
+
+    cfg = _cfg("vq", True, steps=6, extra=["train.grad_accum=2"])
+    tr = VisualTrainer(cfg, prepare_visual(cfg), progress=False, log=_quiet)
+    for _ in range(3):
+        tr.train_step()
+    tr.model.lm.model.layers[1].mlp.up_proj.weight.data[0, 0] = float("inf")
+    steps, counts = tr.qt.steps, tr.visual_rows.counts.clone()
+    with pytest.raises(PlelabError, match=r"at step 4; first non-finite output: .*layers\.1\.mlp\.up_proj \(layer 1\)"):
+        tr.train_step()
+    assert tr.qt.steps == steps + 1  # the real step's one quantizer step, none from the replay
+    assert int(tr.visual_rows.counts.sum() - counts.sum()) == 16 * tr.data.num_patches  # counted once

@@ -76,7 +76,8 @@ def _open_keys(file: Path) -> tuple[list[str], dict]:
         with safe_open(str(file), framework="pt") as f:
             return list(f.keys()), {k: f.get_slice(k).get_shape() for k in f.keys()}
     except (SafetensorError, OSError) as err:
-        raise PlelabError(f"{file} is not a readable safetensors file ({str(err).splitlines()[0]})") from None
+        why = (str(err).splitlines() or [repr(err)])[0]
+        raise PlelabError(f"{file} is not a readable safetensors file ({why})") from None
 
 
 def _hf_dims(folder: Path) -> tuple[int | None, int | None]:

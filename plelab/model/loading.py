@@ -102,7 +102,8 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu",
                                           f"{tuple(p.shape)}")
                     p.copy_(t)
     except (SafetensorError, OSError) as err:
-        raise PlelabError(f"{file} is not a readable safetensors file ({str(err).splitlines()[0]})") from None
+        why = (str(err).splitlines() or [repr(err)])[0]
+        raise PlelabError(f"{file} is not a readable safetensors file ({why})") from None
     if table is not None:
         weight = mmap_tensor(file, TABLE_KEY)
         expected = (tm.ple_vocab_size, cfg.model.num_hidden_layers * cfg.ple.dim)

@@ -4,8 +4,9 @@ The model comes from :func:`plelab.model.loading.load_for_eval` (trunk on ``--de
 from ``model.safetensors`` on the host unless ``--table-in-memory``); the windows are the run's own
 validation windows from its corpus: by default exactly those the trainer evaluated on
 (``train.eval_batches × train.batch_size`` windows of ``train.seq_len``, in the run's micro-batches and
-precision), so that a single-process run's final checkpoint reproduces its last validation loss. A
-corpus that no longer matches the run's fingerprint is refused.
+precision), so that the final checkpoint reproduces the run's last validation loss (bf16 follows the
+device eval runs on, as in training: a GPU run evaluated on CPU is evaluated in fp32). A corpus that no
+longer matches the run's fingerprint is refused.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model, cfg = load_for_eval(ckpt, device=device, mmap_table=not args.table_in_memory)
     load_s = time.perf_counter() - t0
     data = prepare_data(cfg, progress=not args.no_progress)
-    trained_on = read_state(ckpt, for_resume=False).get("corpus_fingerprint")
+    state = read_state(ckpt, for_resume=False)
+    trained_on = state.get("corpus_fingerprint")
     if trained_on is not None and trained_on != data.corpus_fingerprint:
         raise PlelabError(f"{ckpt} was trained on another corpus (sha256 {trained_on[:12]}…, the run's data.path "
                           f"now gives {data.corpus_fingerprint[:12]}…); restore the run's corpus")
@@ -47,7 +49,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     n = args.windows if args.windows is not None else cfg.train.eval_batches * cfg.train.batch_size
     windows = val_windows(data.val, cfg.train.seq_len, n)
     # as the trainer evaluates: its micro-batch (the i.i.d. null's draws are seeded per chunk) and precision
-    batch = args.batch or cfg.train.batch_size // cfg.train.grad_accum
+    batch = args.batch or max(1, cfg.train.batch_size // (cfg.train.grad_accum * state.get("world_size", 1)))
     bf16 = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
     with torch.no_grad(), (torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()):
         losses = window_losses(model, windows, batch, device)

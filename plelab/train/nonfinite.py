@@ -61,7 +61,7 @@ def nonfinite_tensors(model: nn.Module, grads: bool = False, limit: int = 3) -> 
     return bad
 
 
-def where(name: str | None) -> str:
+def where(name: str) -> str:
     """``model.layers.3.mlp.down_proj`` -> ``model.layers.3.mlp.down_proj (layer 3)``."""
     m = re.search(r"layers\.(\d+)\.", name + ".")
     return f"{name} (layer {m.group(1)})" if m else name
@@ -78,7 +78,8 @@ def describe_nonfinite(model: nn.Module, forward: Callable[[], object], loss_fin
     elif loss_finite:
         detail = "every forward output is finite: the backward pass produced it"
     else:
-        detail = "every module output is finite: the loss computation produced it"
+        detail = ("every module output on this rank is finite: the loss computation (or another rank's batch) "
+                  "produced it")
     weights = nonfinite_tensors(model)
     grads = [] if weights else nonfinite_tensors(model, grads=True)
     if weights:

@@ -107,6 +107,7 @@ class Trainer:
         self.recent_losses: list[float] = []  # the last eval_every train losses (for the train–val gap)
         self.table_alpha = 1.0  # Π (1 − lr·wd) of the table group: how much of W_0 is left in W_t
         self.skipped_steps = 0  # steps skipped for a non-finite loss or gradient (train.skip_nonfinite)
+        self.replaying = False  # True while _nonfinite re-runs a step's forward to find the culprit
         self.sinks = None
         if self.run_dir is not None:
             self._open_run(resume)
@@ -263,7 +264,7 @@ class Trainer:
         gnorm = sparse.grad_norm(params)  # before any clipping: a non-finite gradient is diagnosed as it is
         gnorm_value = (gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm).item()
         if not math.isfinite(gnorm_value):
-            return self._nonfinite(step, f"the gradient norm became {gnorm_value}")
+            return self._nonfinite(step, f"the gradient norm became {gnorm_value}", loss_finite=True)
         if self.rows is not None:
             for ids in looked_up:
                 self.rows.update(ids)
@@ -290,23 +291,22 @@ class Trainer:
                 "mfu": (tps * self.flops_per_token / (self.peak_flops * self.dist.world_size)
                         if self.peak_flops else None), **extra}
 
-    def _nonfinite(self, step: int, what: str) -> dict:
+    def _nonfinite(self, step: int, what: str, loss_finite: bool = False) -> dict:
         """A non-finite loss or gradient norm at ``step`` (before any clipping or update): name its origin, then
         skip the step (while ``train.skip_nonfinite`` allows) or stop with a one-line error."""
         tc = self.cfg.train
         forward, self.forward = self.forward, self.wrapped  # hooks on an uncompiled module
+        self.replaying = True  # _micro_loss recomputes, without side effects (visual: the step's own IDs)
 
-        def again():  # this rank's micro-batches of the step, the same data (the sampler is a function of it)
+        def again():  # every micro-batch of the step on every rank (FSDP2 gathers in each forward): same data
             for m in range(tc.grad_accum):
                 first = (self.dist.rank * tc.grad_accum + m) * self.micro_batch
                 with self._autocast():
-                    out = self._micro_loss(step, m, slice(first, first + self.micro_batch))
-                if not torch.isfinite(out).all():
-                    return
+                    self._micro_loss(step, m, slice(first, first + self.micro_batch))
         try:
-            detail = describe_nonfinite(self.model, again, loss_finite=what.startswith("the gradient"))
+            detail = describe_nonfinite(self.model, again, loss_finite=loss_finite)
         finally:
-            self.forward = forward
+            self.forward, self.replaying = forward, False
         self.opt.zero_grad(set_to_none=True)
         if self.skipped_steps < tc.skip_nonfinite:
             self.skipped_steps += 1

@@ -42,6 +42,7 @@ class VisualTrainer(Trainer):
         table_rows = v.k if v.per_layer_table and cfg.ple.enabled else 0
         self.visual_rows = RowCounter(table_rows, torch.device("cpu")) if table_rows else None
         self.loss_weight = v.loss_weight
+        self.step_ids: dict[int, torch.Tensor | None] = {}  # this step's IDs per micro-batch (for a NaN replay)
         quantized = v.ids in QUANTIZER_IDS
         self.qt = QuantizerTrainer(cfg, data.train_feats, data.train_pixels) if quantized and v.online else None
         self.val_ids = data.val_ids
@@ -100,15 +101,19 @@ class VisualTrainer(Trainer):
 
     def _micro_loss(self, step: int, micro: int, rows: slice) -> torch.Tensor:
         idx = self.sampler.batch(step, self.cfg.train.batch_size, rows)
-        if self.qt is not None:  # the quantizer as it is now; it updates after the last micro-batch
+        if self.replaying:  # the trainer re-runs this step to locate a NaN: the same IDs, nothing updated
+            ids = self.step_ids[micro]
+        elif self.qt is not None:  # the quantizer as it is now; it updates after the last micro-batch
             ids = self.qt.assign(self.data.train_feats[idx])
             if micro == self.cfg.train.grad_accum - 1:
                 self.qt.step()
         else:
             gen = torch.Generator().manual_seed(param_seed(self.cfg.seed, f"vis:{step}:{self.dist.rank}:{micro}"))
             ids = self.data.batch_ids(idx, gen)
-        if self.visual_rows is not None:
-            self.visual_rows.update(ids)
+        if not self.replaying:
+            self.step_ids = {**(self.step_ids if micro else {}), micro: ids}
+            if self.visual_rows is not None:
+                self.visual_rows.update(ids)
         caps = self.data.train_caps[idx].to(self.device)
         feats, ids = self.data.train_feats[idx].to(self.device), None if ids is None else ids.to(self.device)
         if not self.loss_weight:
