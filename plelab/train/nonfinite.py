@@ -98,3 +98,22 @@ def stop_message(what: str, step: int, detail: str, run_dir: Path | None) -> str
     return (f"{what} at step {step + 1}; {detail}. The run stopped before updating; {kept}. Lower train.lr or "
             "raise train.warmup_steps, check the data, or let up to N such steps be skipped with "
             "--set train.skip_nonfinite=N")
+
+
+def diagnose_step(trainer, step: int, loss_finite: bool) -> str:
+    """:func:`describe_nonfinite` for a trainer's ``step``: every micro-batch of the step again, on every rank
+    (FSDP2 gathers parameters in each forward), through the uncompiled module and with ``trainer.replaying``
+    set so that ``_micro_loss`` has no side effects (a visual run reuses the step's own IDs)."""
+    tc = trainer.cfg.train
+    forward, trainer.forward = trainer.forward, trainer.wrapped
+    trainer.replaying = True
+
+    def again():
+        for m in range(tc.grad_accum):
+            first = (trainer.dist.rank * tc.grad_accum + m) * trainer.micro_batch
+            with trainer._autocast():
+                trainer._micro_loss(step, m, slice(first, first + trainer.micro_batch))
+    try:
+        return describe_nonfinite(trainer.model, again, loss_finite=loss_finite)
+    finally:
+        trainer.forward, trainer.replaying = forward, False

@@ -47,7 +47,7 @@ from plelab.train.distributed import (
     wrap_model,
 )
 from plelab.train.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
-from plelab.train.nonfinite import describe_nonfinite, stop_message
+from plelab.train.nonfinite import diagnose_step, stop_message
 from plelab.train.optim import build_optimizer, lr_multiplier, set_lr
 
 # Config keys that must match for a checkpoint to be resumed (they change what a step computes).
@@ -295,18 +295,7 @@ class Trainer:
         """A non-finite loss or gradient norm at ``step`` (before any clipping or update): name its origin, then
         skip the step (while ``train.skip_nonfinite`` allows) or stop with a one-line error."""
         tc = self.cfg.train
-        forward, self.forward = self.forward, self.wrapped  # hooks on an uncompiled module
-        self.replaying = True  # _micro_loss recomputes, without side effects (visual: the step's own IDs)
-
-        def again():  # every micro-batch of the step on every rank (FSDP2 gathers in each forward): same data
-            for m in range(tc.grad_accum):
-                first = (self.dist.rank * tc.grad_accum + m) * self.micro_batch
-                with self._autocast():
-                    self._micro_loss(step, m, slice(first, first + self.micro_batch))
-        try:
-            detail = describe_nonfinite(self.model, again, loss_finite=loss_finite)
-        finally:
-            self.forward, self.replaying = forward, False
+        detail = diagnose_step(self, step, loss_finite)
         self.opt.zero_grad(set_to_none=True)
         if self.skipped_steps < tc.skip_nonfinite:
             self.skipped_steps += 1
