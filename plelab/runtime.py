@@ -39,3 +39,9 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"invalid config value train.device={name!r}: no CUDA device here; use cpu or auto")
     return torch.device(name)
+
+
+def uses_bf16(precision: str, device: torch.device) -> bool:
+    """``train.precision`` resolved on ``device``: bf16 autocast when asked, or ``auto`` on CUDA (bf16 matmuls
+    are slower than fp32 on CPUs)."""
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")

@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 
 from plelab.config.schema import RunConfig
 from plelab.errors import PlelabError
-from plelab.model.loading import SAFETENSORS_DTYPES as _DTYPES
+from plelab.model.loading import tensor_location
 from plelab.train.checkpoint import list_checkpoints, read_state
 
 TABLE_SUFFIX = "embed_tokens_per_layer.weight"
@@ -47,16 +47,9 @@ class TableSource:
         whatever the table size.
         """
         chunk_rows = chunk_rows or max(1, CHUNK_BYTES // (4 * self.num_layers * self.dim))
+        start, dtype, _ = tensor_location(self.file, self.key)
+        row_bytes = torch.tensor([], dtype=dtype).element_size() * self.num_layers * self.dim
         with open(self.file, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            entry = json.loads(f.read(header_len))[self.key]
-            dtype = _DTYPES.get(entry["dtype"])
-            if dtype is None:
-                raise PlelabError(f"table {self.key} in {self.file} has dtype {entry['dtype']}; "
-                                  f"plelab reads {', '.join(_DTYPES)}")
-            item = torch.tensor([], dtype=dtype).element_size()
-            row_bytes = item * self.num_layers * self.dim
-            start = 8 + header_len + entry["data_offsets"][0]
             for r0 in range(0, self.rows, chunk_rows):
                 n = min(chunk_rows, self.rows - r0)
                 f.seek(start + r0 * row_bytes)

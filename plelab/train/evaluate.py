@@ -26,7 +26,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from plelab.data.tokens import val_windows
     from plelab.diagnostics.usage import window_losses
     from plelab.model.loading import checkpoint_of, load_for_eval
-    from plelab.runtime import resolve_device, setup_torch
+    from plelab.runtime import resolve_device, setup_torch, uses_bf16
     from plelab.train.checkpoint import read_state
 
     if (args.windows is not None and args.windows < 1) or (args.batch is not None and args.batch < 1):
@@ -50,7 +50,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     windows = val_windows(data.val, cfg.train.seq_len, n)
     # as the trainer evaluates: its micro-batch (the i.i.d. null's draws are seeded per chunk) and precision
     batch = args.batch or max(1, cfg.train.batch_size // (cfg.train.grad_accum * state.get("world_size", 1)))
-    bf16 = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
+    bf16 = uses_bf16(cfg.train.precision, device)
     with torch.no_grad(), (torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()):
         losses = window_losses(model, windows, batch, device)
     table = model.model.embed_tokens_per_layer.weight if cfg.ple.enabled else None

@@ -34,7 +34,7 @@ from plelab.model.accounting import flops_per_token
 from plelab.model.init import build_model, param_seed
 from plelab.model.transformer import PLECausalLM
 from plelab.provenance import provenance
-from plelab.runtime import available_cores, resolve_device, seed_everything, setup_torch
+from plelab.runtime import available_cores, resolve_device, seed_everything, setup_torch, uses_bf16
 from plelab.train import checkpoint as ckpt
 from plelab.train import sparse
 from plelab.train.distributed import (
@@ -83,7 +83,7 @@ class Trainer:
             raise PlelabError(f"train.batch_size={tc.batch_size} must be divisible by world size x grad_accum = "
                               f"{self.dist.world_size} x {tc.grad_accum}; change one of them")
         self.micro_batch = tc.batch_size // per_step
-        self.bf16 = tc.precision == "bf16" or (tc.precision == "auto" and self.device.type == "cuda")
+        self.bf16 = uses_bf16(tc.precision, self.device)
         self.model = self._build_model()
         self.lm: PLECausalLM = self.model if isinstance(self.model, PLECausalLM) else self.model.lm
         self.sparse_table = sparse.make_table_sparse(self.lm, cfg, self.dist.enabled)
