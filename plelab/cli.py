@@ -13,6 +13,7 @@ from pathlib import Path
 
 from plelab import __version__
 from plelab.errors import ConfigError, PlelabError
+import plelab.visual  # noqa: F401,E402  (registers the visual kind of run)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,7 +112,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from plelab.config import RunConfig, apply_overrides, resolve_config, set_value
     from plelab.runtime import resolve_device
     from plelab.train.distributed import init_distributed, shutdown
-    from plelab.train.launch import describe_data, prepare_run_data, trainer_class
+    from plelab.runs import describe_data, make_trainer, prepare_data
 
     if not args.out.strip():
         raise ConfigError("--out is empty; name the run folder, e.g. --out runs/my-run")
@@ -145,14 +146,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             set_value(cfg, key, value)
     dist = init_distributed(resolve_device(cfg.train.device).type)
     try:
-        data = prepare_run_data(cfg, progress=not args.no_progress, dist=dist)
+        data = prepare_data(cfg, progress=not args.no_progress, dist=dist)
         if dist.is_main:
             entropy = data.unigram_entropy(cfg.model.vocab_size)
             print(f"{cfg.preset} dP={cfg.ple.dim}: {describe_data(cfg, data)}; "
                   f"validation unigram entropy {entropy:.3f} nats")
         log = print if dist.is_main else (lambda *a, **k: None)
-        result = trainer_class(cfg)(cfg, data, args.out, resume=args.resume, progress=not args.no_progress,
-                                    log=log).fit()
+        result = make_trainer(cfg, data, args.out, resume=args.resume, progress=not args.no_progress,
+                              log=log).fit()
         if dist.is_main and result.val_history:
             print(f"final validation loss {result.final_val_loss:.4f} nats; unigram entropy {entropy:.3f} "
                   f"({entropy - result.final_val_loss:+.3f} below it); run in {args.out}")

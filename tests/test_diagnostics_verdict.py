@@ -13,7 +13,7 @@ from plelab.cli import main
 from plelab.config import resolve_config
 from plelab.diagnostics.diagnose import diagnose
 from plelab.diagnostics.verdict import LEARNED, NOT_DIST, UNUSED, USED
-from plelab.train.trainer import train
+from plelab.runs import train
 
 STEPS = 300
 
@@ -27,7 +27,7 @@ def runs(tmp_path_factory, tiny_data):
             cfg = resolve_config("cpu-tiny", [f"ple.ids={ids}", "train.checkpoint_every=0", "train.eval_every=150",
                                               "train.diag_every=100"], seed=seed, steps=STEPS)
             path = root / f"{ids}-{seed}"
-            train(cfg, tiny_data, path, progress=False, log=lambda *a: None)
+            train(cfg, path, data=tiny_data, progress=False, log=lambda *a: None)
             out[ids, seed] = path
     return out
 

@@ -20,7 +20,7 @@ import torch
 from plelab.config import resolve_config
 from plelab.errors import PlelabError
 from plelab.train import checkpoint as ckpt
-from plelab.train.trainer import Trainer
+from plelab.runs import make_trainer
 
 
 def _hashes(root: Path) -> dict[str, str]:
@@ -34,7 +34,7 @@ def _cfg(steps=6, *sets):
 
 
 def _trainer(cfg, data, run, resume=False):
-    return Trainer(cfg, data, run, resume=resume, progress=False, log=lambda *a: None)
+    return make_trainer(cfg, data, run, resume=resume, progress=False, log=lambda *a: None)
 
 
 @pytest.fixture
@@ -63,8 +63,8 @@ def test_nonfinite_loss_stops_naming_layer_and_step_and_keeps_the_checkpoint(tra
 
 def test_skip_nonfinite_skips_up_to_the_limit(trained, tiny_data):
     tr = _trainer(_cfg(6, "train.skip_nonfinite=1"), tiny_data, trained, resume=True)
-    micro = tr._micro_loss
-    tr._micro_loss = lambda step, m, rows: micro(step, m, rows) * (float("nan") if step == 4 else 1.0)
+    loss = tr.task.loss
+    tr.task.loss = lambda forward, batch: loss(forward, batch) * (float("nan") if tr.step == 4 else 1.0)
     before = [p.detach().clone() for p in tr.model.parameters()]
     tr.fit()
     rows = [json.loads(x) for x in (trained / "metrics.jsonl").read_text().splitlines()]
@@ -72,12 +72,12 @@ def test_skip_nonfinite_skips_up_to_the_limit(trained, tiny_data):
     assert "loss" not in rows[4] and "the loss became nan" in rows[4]["skipped"]
     assert "(skip 1 of train.skip_nonfinite=1)" in rows[4]["skipped"]
     assert json.loads((trained / "summary.json").read_text())["skipped_steps"] == 1
-    assert int(tr.rows.counts.sum()) == 5 * 8 * 64  # table rows of the five trained steps only (B=8, T=64)
+    assert int(tr.rows["text"].counts.sum()) == 5 * 8 * 64  # table rows of the five trained steps only (B=8, T=64)
     assert any(not (a == b).all() for a, b in zip(before, tr.model.parameters()))  # step 6 trained
     tr2 = _trainer(_cfg(8, "train.skip_nonfinite=1"), tiny_data, trained, resume=True)
     assert tr2.skipped_steps == 1  # the count survives a resume: the limit is per run
-    micro2 = tr2._micro_loss
-    tr2._micro_loss = lambda step, m, rows: micro2(step, m, rows) * float("nan")
+    loss2 = tr2.task.loss
+    tr2.task.loss = lambda forward, batch: loss2(forward, batch) * float("nan")
     with pytest.raises(PlelabError, match="the loss became nan at step 7"):
         tr2.fit()
 

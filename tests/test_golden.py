@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from plelab.config import resolve_config
-from plelab.train.trainer import train
+from plelab.runs import train
 
 GOLDEN = Path(__file__).parent / "golden" / "cpu_tiny_losses.json"
 STEPS = 30
@@ -21,7 +21,7 @@ STEPS = 30
 
 def test_cpu_tiny_loss_curve_matches_golden(tiny_data):
     cfg = resolve_config("cpu-tiny", steps=STEPS)
-    result = train(cfg, tiny_data, progress=False, log=lambda *a: None)
+    result = train(cfg, data=tiny_data, progress=False, log=lambda *a: None)
     current = {"steps": STEPS, "preset": "cpu-tiny", "seed": cfg.seed,
                "corpus_fingerprint": tiny_data.corpus_fingerprint,
                "train_losses": result.train_losses, "val_history": result.val_history}

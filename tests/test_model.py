@@ -136,3 +136,73 @@ def test_untied_head_and_unscaled_embeddings():
     assert m.model.embed_scale == 1.0
     ids = torch.randint(0, cfg.model.vocab_size, (1, 4))
     assert m(ids).logits.shape == (1, 4, cfg.model.vocab_size)
+
+
+def test_labels_follow_hf_and_targets_are_the_pre_shifted_form():
+    model, cfg = _model()
+    w = torch.randint(0, cfg.model.vocab_size, (2, 13), generator=torch.Generator().manual_seed(1))
+    pre_shifted = model(w[:, :-1], targets=w[:, 1:]).loss
+    # the old call, spelled out: logits of w[:, :-1] against w[:, 1:] -- bit-identical to targets=
+    logits = model(w[:, :-1]).logits
+    old = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
+                                            ignore_index=-100)
+    assert torch.equal(pre_shifted, old)
+    # HF: labels aligned with input_ids, shifted inside; the same next-token task on the same tokens
+    hf = model(w, labels=w).loss
+    assert torch.allclose(hf, pre_shifted, atol=1e-5)
+    # -100 is ignored: masking the last label removes exactly the prediction of the last token
+    masked = w.clone()
+    masked[:, -1] = -100
+    targets = torch.cat([w[:, 1:-1], torch.full((2, 1), -100)], 1)
+    assert torch.allclose(model(w, labels=masked).loss, model(w[:, :-1], targets=targets).loss, atol=1e-5)
+    with pytest.raises(ValueError, match="not both"):
+        model(w, labels=w, targets=w)
+
+
+def test_labels_equal_to_input_ids_is_language_modelling_not_a_copy_task():
+    """On i.i.d. random tokens nothing is predictable: with HF labels the loss cannot fall far below ln V.
+    (Unshifted labels would let each position copy its own input and drive the loss toward 0.)"""
+    torch.manual_seed(0)
+    model, cfg = _model()
+    V = cfg.model.vocab_size
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        ids = torch.randint(0, V, (8, 32), generator=g)
+        loss = model(ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() > 0.9 * torch.log(torch.tensor(float(V))).item(), loss.item()
+
+
+def test_the_model_holds_no_state_besides_its_parameters():
+    """Two forwards of the same inputs give the same output; nothing is written on the model by a forward, and
+    the i.i.d. null control takes its ids as an argument (refused without them)."""
+    model, cfg = _model(overrides=["ple.ids=iid"])
+    before = {k: v for k, v in vars(model.model).items() if not k.startswith("_")}
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 9))
+    with pytest.raises(ValueError, match="needs table_ids"):
+        model(ids)
+    from plelab import IIDTableIds
+
+    iid = IIDTableIds(torch.ones(cfg.model.vocab_size))
+    table_ids = iid.draw(ids, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a = model(ids, table_ids=table_ids).logits
+        b = model(ids, table_ids=table_ids).logits
+    assert torch.equal(a, b)
+    assert {k: v for k, v in vars(model.model).items() if not k.startswith("_")}.keys() == before.keys()
+    assert not any(hasattr(m, attr) for m in model.modules()
+                   for attr in ("probe", "iid_probs", "iid_generator", "last_table_ids"))
+
+
+def test_a_sparse_table_is_decided_when_the_model_is_built():
+    cfg = resolve_config("cpu-tiny", dp=8)
+    dense = build_model(cfg.model, cfg.ple, seed=0)
+    sparse = build_model(cfg.model, cfg.ple, seed=0, table_sparse=True)
+    assert not dense.model.embed_tokens_per_layer.sparse and sparse.model.embed_tokens_per_layer.sparse
+    assert all(torch.equal(a, b) for a, b in zip(dense.state_dict().values(), sparse.state_dict().values()))
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 9))
+    sparse(ids, labels=ids).loss.backward()
+    assert sparse.model.embed_tokens_per_layer.weight.grad.is_sparse

@@ -127,10 +127,10 @@ def test_row_sparse_training_run_records_it_and_resumes_exactly(tmp_path):
 
 
 def test_host_to_device_copy_passes_the_gradient_back():
-    from plelab.model.transformer import _HostToDevice
+    from plelab.model.ple import HostToDevice
 
     rows = torch.randn(5, 3, requires_grad=True)
-    out = _HostToDevice.apply(rows, torch.device("cpu"))
+    out = HostToDevice.apply(rows, torch.device("cpu"))
     (out * torch.arange(3.0)).sum().backward()
     assert torch.equal(out, rows) and torch.equal(rows.grad, torch.arange(3.0).expand(5, 3))
 
@@ -162,6 +162,7 @@ def test_ddp_leaves_the_row_sparse_table_to_the_trainer(tmp_path):
 ])
 def test_the_trainer_keeps_a_sparse_or_host_side_table_out_of_ddp(sets, ignored, monkeypatch, tiny_data):
     import plelab.train.trainer as trainer_module
+    from plelab.runs import make_trainer
 
     seen = {}
 
@@ -171,7 +172,7 @@ def test_the_trainer_keeps_a_sparse_or_host_side_table_out_of_ddp(sets, ignored,
 
     monkeypatch.setattr(trainer_module, "wrap_model", spy)
     cfg = resolve_config("cpu-tiny", sets, dp=16)
-    trainer_module.Trainer(cfg, tiny_data, None, progress=False, log=lambda *a: None)
+    make_trainer(cfg, tiny_data, None, progress=False, log=lambda *a: None)
     assert seen["ignore"] == (["model.embed_tokens_per_layer.weight"] if ignored else [])
 
 

@@ -8,7 +8,7 @@ from plelab.cli import main
 from plelab.config import resolve_config
 from plelab.data import PackedSampler, split_documents, val_windows
 from plelab.train.optim import lr_multiplier, optimizer_groups
-from plelab.train.trainer import train
+from plelab.runs import train
 
 
 def test_split_is_deduplicated_deterministic_and_spread():
@@ -61,8 +61,8 @@ def test_optimizer_groups_partition_and_table_settings(tiny_cfg):
 
 def test_training_is_deterministic_and_learns(tiny_data, tmp_path):
     cfg = resolve_config("cpu-tiny", steps=40)
-    a = train(cfg, tiny_data, out_dir=tmp_path / "a", progress=False)
-    b = train(cfg, tiny_data, progress=False)
+    a = train(cfg, tmp_path / "a", data=tiny_data, progress=False)
+    b = train(cfg, data=tiny_data, progress=False)
     assert a.train_losses == b.train_losses
     assert a.final_val_loss < a.val_history[0][1] < 6.3
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
@@ -122,7 +122,7 @@ def test_missing_optional_sink_fails_before_writing(tmp_path, capsys, monkeypatc
 
 @pytest.mark.slow
 def test_torch_compile_matches_eager(tiny_data):
-    eager = train(resolve_config("cpu-tiny", steps=4), tiny_data, progress=False, log=lambda *a: None)
-    compiled = train(resolve_config("cpu-tiny", ["train.compile=true"], steps=4), tiny_data, progress=False,
+    eager = train(resolve_config("cpu-tiny", steps=4), data=tiny_data, progress=False, log=lambda *a: None)
+    compiled = train(resolve_config("cpu-tiny", ["train.compile=true"], steps=4), data=tiny_data, progress=False,
                      log=lambda *a: None)
     assert compiled.train_losses == pytest.approx(eager.train_losses, abs=1e-5)

@@ -14,7 +14,7 @@ from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.errors import PlelabError
 from plelab.visual.data import prepare_visual
 from plelab.visual.model import build_visual_model
-from plelab.visual.trainer import VisualTrainer
+from plelab.runs import make_trainer as VisualTrainer
 
 H, L, DP, K, P, D = 64, 2, 8, 16, 9, 12
 
@@ -99,7 +99,7 @@ def test_training_with_the_visual_loss_and_its_config_checks():
     trainer = VisualTrainer(cfg, prepare_visual(cfg), progress=False, log=lambda *x: None)
     assert [g["name"] for g in trainer.opt.param_groups][-2:] == ["visual_table", "visual_head"]
     trainer.fit()
-    out = trainer._summary_extra()["visual"]
+    out = trainer.task.summary(trainer.model, trainer.step, trainer.row_counts())["visual"]
     assert out["visual_loss"] < math.log(64) - 1  # the next patch's label is learnable (neighbours agree)
     for extra, needle in ((["visual.loss_weight=0.5"], "visual.loss_weight"),  # ids=none: nothing to predict
                           (["visual.ids=oracle", "visual.loss_weight=inf"], "finite"),

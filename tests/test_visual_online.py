@@ -11,7 +11,7 @@ import torch
 from plelab.cli import main
 from plelab.config import resolve_config
 from plelab.visual.data import prepare_visual
-from plelab.visual.trainer import VisualTrainer
+from plelab.runs import make_trainer as VisualTrainer
 
 VIS = ["visual.enabled=true", "visual.scenes=200", "visual.val_scenes=40", "visual.encoder_steps=30",
        "train.batch_size=16", "train.eval_every=5", "train.diag_every=0", "train.warmup_steps=5",
@@ -34,13 +34,13 @@ def test_online_and_frozen_arms_end_with_the_same_quantizer_and_only_online_flip
     frozen_data = prepare_visual(_cfg(kind, False))
     frozen = VisualTrainer(_cfg(kind, False), frozen_data, progress=False, log=_quiet)
     frozen.fit()
-    a, b = online.qt.quantizer.state_dict(), frozen_data.quantizer.state_dict()
+    a, b = online.task.qt.quantizer.state_dict(), frozen_data.quantizer.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)  # same stream, same steps: the same final quantizer
-    assert torch.equal(online.val_ids, frozen_data.val_ids)  # so the final validation IDs agree too
-    on, fr = online.id_stability(), frozen.id_stability()
+    assert torch.equal(online.task.val_ids, frozen_data.val_ids)  # so the final validation IDs agree too
+    on, fr = online.task.id_stability(), frozen.task.id_stability()
     assert on["intervals"] == fr["intervals"] == 3
     assert on["flip_rate"] > 0 and fr["flip_rate"] == 0.0  # the frozen quantizer is metered and never flips
-    assert online._summary_extra()["visual"]["id_metrics"]["nmi"] == pytest.approx(frozen_data.id_metrics["nmi"])
+    assert online.task.summary(online.model, online.step, online.row_counts())["visual"]["id_metrics"]["nmi"] == pytest.approx(frozen_data.id_metrics["nmi"])
 
 
 def test_quantizer_training_does_not_depend_on_the_thread_count():
@@ -76,12 +76,12 @@ def test_an_online_run_resumes_exactly(tmp_path):
     part.save_checkpoint()  # killed right after step 7's checkpoint
     rest = VisualTrainer(_cfg("vq", True, extra=extra), data, tmp_path / "b", resume=True, progress=False,
                          log=_quiet)
-    assert rest.qt.steps == 7
+    assert rest.task.qt.steps == 7
     out = rest.fit()
     assert out.train_losses == result.train_losses[7:] and out.val_history[-1] == result.val_history[-1]
-    a, b = whole.qt.quantizer.state_dict(), rest.qt.quantizer.state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a) and whole.qt.quantizer.restarts == rest.qt.quantizer.restarts
-    assert [r["flip_rate"] for r in whole.flips.rows] == [r["flip_rate"] for r in rest.flips.rows]
+    a, b = whole.task.qt.quantizer.state_dict(), rest.task.qt.quantizer.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a) and whole.task.qt.quantizer.restarts == rest.task.qt.quantizer.restarts
+    assert [r["flip_rate"] for r in whole.task.flips.rows] == [r["flip_rate"] for r in rest.task.flips.rows]
 
 
 def test_lfq_needs_a_power_of_two():
@@ -112,8 +112,8 @@ def test_a_nonfinite_step_is_replayed_without_moving_the_quantizer_or_the_counts
     for _ in range(3):
         tr.train_step()
     tr.model.lm.model.layers[1].mlp.up_proj.weight.data[0, 0] = float("inf")
-    steps, counts = tr.qt.steps, tr.visual_rows.counts.clone()
+    steps, counts = tr.task.qt.steps, tr.task.visual_rows.counts.clone()
     with pytest.raises(PlelabError, match=r"at step 4; first non-finite output: .*layers\.1\.mlp\.up_proj \(layer 1\)"):
         tr.train_step()
-    assert tr.qt.steps == steps + 1  # the real step's one quantizer step, none from the replay
-    assert int(tr.visual_rows.counts.sum() - counts.sum()) == 16 * tr.data.num_patches  # counted once
+    assert tr.task.qt.steps == steps + 1  # the real step's one quantizer step, none from the replay
+    assert int(tr.task.visual_rows.counts.sum() - counts.sum()) == 16 * tr.task.data.num_patches  # counted once

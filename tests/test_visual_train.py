@@ -14,7 +14,8 @@ from plelab.config import resolve_config
 from plelab.errors import PlelabError
 from plelab.visual.data import caption_losses, prepare_visual
 from plelab.visual.diagnostics import end_of_run
-from plelab.visual.trainer import SceneSampler, VisualTrainer
+from plelab.runs import make_trainer as VisualTrainer
+from plelab.visual.data import SceneSampler
 
 VIS = ["visual.enabled=true", "visual.scenes=300", "visual.val_scenes=40", "visual.encoder_steps=30",
        "train.batch_size=16", "train.eval_every=10", "train.diag_every=5", "train.warmup_steps=5"]
@@ -170,7 +171,7 @@ def test_oracle_beats_random_ids_on_content_words_when_the_ids_are_the_only_view
         cfg = resolve_config("cpu-tiny", [*settings, f"visual.ids={ids}"], dp=16, steps=300, seed=0)
         trainer = VisualTrainer(cfg, prepare_visual(cfg), progress=False, log=lambda *x: None)
         trainer.fit()
-        content[ids] = trainer.caption_report()["content"]
+        content[ids] = trainer.task.caption_report(trainer.model)["content"]
         tables[ids] = end_of_run(trainer)["visual"]
     assert content["oracle"] < content["random"] - 0.1, content
     # the use test sees it too: scrambling the oracle table's rows costs content words, the random one's nothing

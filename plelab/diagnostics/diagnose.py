@@ -34,7 +34,8 @@ from plelab.diagnostics.usage import use_metrics, within_bin_permutation
 from plelab.diagnostics.verdict import verdict
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
-from plelab.train.optim import lr_multiplier
+from plelab.model.ple import IIDTableIds
+from plelab.train.optim import lr_multiplier, table_lr
 
 CKA_NULL_DRAWS = 20
 
@@ -60,7 +61,7 @@ def row_occurrences(cfg: RunConfig, data: TokenData, steps: int) -> np.ndarray:
 def weight_decay_shrink(cfg: RunConfig, steps: int) -> float:
     """α = Π_s (1 − lr_s·wd) of the table group: the part of W_t that is the decayed W_0."""
     tc = cfg.train
-    lr = (tc.lr if tc.table_lr is None else tc.table_lr) * tc.table_lr_mult
+    lr = table_lr(tc)
     return math.prod(1 - lr * lr_multiplier(s, tc) * tc.table_weight_decay for s in range(steps))
 
 
@@ -221,14 +222,14 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         from plelab.train.checkpoint import load_model_weights
 
         load_model_weights(model, source.checkpoint)
-        if run.cfg.ple.ids == "iid":
-            model.model.set_iid_frequencies(torch.from_numpy(run.data.train_counts(source.rows)))
+        iid = (IIDTableIds(torch.from_numpy(run.data.train_counts(source.rows))) if run.cfg.ple.ids == "iid"
+               else None)
         win = val_windows(run.data.val, run.cfg.train.seq_len, windows)
         base, results = use_metrics(model, win, initial_table(run.cfg), run.counts, batch=16,
-                                    device=torch.device("cpu"), per_layer=True, seed=run.cfg.seed)
+                                    device=torch.device("cpu"), per_layer=True, seed=run.cfg.seed, iid=iid)
         report["base_val_loss"] = base
         train_win = val_windows(run.data.train, run.cfg.train.seq_len, 4 * windows)
-        report["predictiveness"] = id_information(model, train_win, win, seed=run.cfg.seed)
+        report["predictiveness"] = id_information(model, train_win, win, seed=run.cfg.seed, iid=iid)
         use_table = {r.kind: r.to_dict() for r in results if r.layer is None}
         for r in results:
             if r.layer is not None:

@@ -4,6 +4,8 @@ structure + use set at every checkpoint (``checkpoints/step-N/diagnostics.json``
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -12,54 +14,70 @@ from plelab.diagnostics.signal import SignalProbe, gradient_norms
 from plelab.diagnostics.structure import matrix_stats
 from plelab.diagnostics.usage import use_metrics
 from plelab.diagnostics.verdict import use_verdict
-from plelab.model.init import initial_normal
+from plelab.model.init import initial_normal, table_init_std
+from plelab.model.ple import IIDTableIds
 from plelab.model.transformer import PLECausalLM
+from plelab.train.task import Observer
 
 TABLE = "model.embed_tokens_per_layer.weight"
 
 
-class RowCounter:
-    """Exact count of how often each table row was looked up so far (saved with checkpoints)."""
+class LiveDiagnostics(Observer):
+    """The trainer's diagnostics observer for a run with a per-layer table.
 
-    def __init__(self, rows: int, device: torch.device) -> None:
-        self.counts = torch.zeros(rows, dtype=torch.int64, device=device)
+    Every ``train.diag_every`` steps (off under ``torch.compile``: hooks would recompile the graph) it hooks
+    the first micro-batch's forward (:class:`~plelab.diagnostics.signal.SignalProbe`) and, after the backward,
+    adds ``diag`` to the step's metrics row: the probe's signal metrics, per-layer gradient norms, the share of
+    table rows looked up so far and the task's own live metrics. At every checkpoint it returns the structure
+    and use diagnostics of the table (:func:`checkpoint_diagnostics`), saved as ``diagnostics.json``.
+    """
 
-    def update(self, table_ids: torch.Tensor | None) -> None:
-        if table_ids is not None:
-            self.counts += torch.bincount(table_ids.reshape(-1), minlength=len(self.counts))
+    def __init__(self, task) -> None:
+        self.task, self.cfg = task, task.cfg
+        tc = self.cfg.train
+        self.every = 0 if tc.compile else tc.diag_every
+        self.probe: SignalProbe | None = None
 
-    def fraction_touched(self, dist=None) -> float:
-        """Fraction of rows looked up so far, over all ranks (collective under torchrun)."""
-        from plelab.train.distributed import sum_across_ranks
+    def bind(self, model, env) -> None:
+        self.model, self.lm, self.env = model, self.task.language_model(model), env
 
-        counts = sum_across_ranks(self.counts, dist) if dist is not None else self.counts
-        return float((counts > 0).float().mean())
+    def _due(self, step: int) -> bool:
+        return bool(self.every) and (step + 1) % self.every == 0
 
+    def forward_context(self, step: int, micro: int):
+        if micro == 0 and self._due(step):
+            self.probe = SignalProbe(self.lm)
+            return self.probe
+        return contextlib.nullcontext()
 
-def probe_context(model: PLECausalLM, enabled: bool):
-    """A SignalProbe on ``model`` when ``enabled`` (a diag step), else a no-op context."""
-    import contextlib
+    def after_backward(self, step: int, rows: dict) -> dict:
+        if not self._due(step) or self.probe is None:
+            return {}
+        diag = {**self.probe.summary(), **gradient_norms(self.lm),
+                "rows_touched": rows["text"].fraction_touched(self.env.dist), **self.task.live_metrics(self.model)}
+        self.probe = None
+        return {"diag": diag}
 
-    return SignalProbe(model) if enabled and model.pc.enabled else contextlib.nullcontext()
-
-
-def live_row(probe, model: PLECausalLM, counter: RowCounter, dist=None) -> dict:
-    """The cheap per-layer metrics of one step (call after backward, before the optimizer step)."""
-    return {"diag": {**probe.summary(), **gradient_norms(model), "rows_touched": counter.fraction_touched(dist)}}
+    def on_checkpoint(self, step: int, counts: dict, table_alpha: float) -> dict | None:
+        if self.env.dist.enabled and self.cfg.train.parallel == "fsdp":
+            return None  # the table is sharded: no rank holds it whole
+        return checkpoint_diagnostics(self.lm, self.cfg, counts["text"].numpy(), table_alpha,
+                                      self.task.diag_windows(), self.env.device, self.task.iid)
 
 
 def initial_table(cfg: RunConfig) -> torch.Tensor:
     vp = cfg.ple.resolved_vocab_size(cfg.model)
     if cfg.ple.table == "zero":
         return torch.zeros(vp, cfg.model.num_hidden_layers * cfg.ple.dim)
-    std = cfg.ple.table_init_std if cfg.ple.table_init_std is not None else cfg.model.initializer_range
-    return initial_normal(TABLE, (vp, cfg.model.num_hidden_layers * cfg.ple.dim), cfg.seed, std)
+    return initial_normal(TABLE, (vp, cfg.model.num_hidden_layers * cfg.ple.dim), cfg.seed,
+                          table_init_std(cfg.model, cfg.ple))
 
 
 @torch.no_grad()
 def checkpoint_diagnostics(model: PLECausalLM, cfg: RunConfig, counts: np.ndarray, alpha: float,
-                           windows: torch.Tensor | None, device: torch.device) -> dict:
-    """Structure of W_t and Δ = W_t − αW_0 on used rows per layer, and the table-level use test.
+                           windows: torch.Tensor | None, device: torch.device, iid: IIDTableIds | None = None) -> dict:
+    """Structure of W_t and Δ = W_t − αW_0 on used rows per layer, and the table-level use test (``iid``: the
+    null control's id frequencies, for its evaluations).
 
     A frozen table has Δ = 0 (structure skipped, the use test still asks whether the model relies on
     its random rows); a zeroed table has neither.
@@ -77,7 +95,7 @@ def checkpoint_diagnostics(model: PLECausalLM, cfg: RunConfig, counts: np.ndarra
                               "delta_used": matrix_stats(delta[used][:, cols]).to_dict()})
     if windows is not None and len(windows):
         base, results = use_metrics(model, windows, initial_table(cfg), counts, batch=16, device=device,
-                                    per_layer=False, seed=cfg.seed)
+                                    per_layer=False, seed=cfg.seed, iid=iid)
         out["val_loss"] = base
         out["use"] = {r.kind: r.to_dict() for r in results}
         perm = out["use"]["permute"]

@@ -18,21 +18,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from plelab.model.ple import IIDTableIds
 from plelab.model.transformer import PLECausalLM
 
 
 @torch.no_grad()
-def _features(model: PLECausalLM, windows: torch.Tensor, batch: int, seed: int):
+def _features(model: PLECausalLM, windows: torch.Tensor, batch: int, seed: int, iid: IIDTableIds | None):
     tm = model.model
     hs, ids, ys = [], [], []
     for i in range(0, len(windows), batch):
-        chunk = windows[i:i + batch]
-        if tm.pc.ids == "iid":
-            tm.iid_generator = torch.Generator(device=tm.iid_probs.device).manual_seed(seed + i)
-        hs.append(tm(chunk[:, :-1]).reshape(-1, model.mc.hidden_size))
-        ids.append(tm.last_table_ids.reshape(-1))
-        ys.append(chunk[:, 1:].reshape(-1))
-    tm.iid_generator = None
+        inputs = windows[i:i + batch, :-1]
+        table_ids = (tm.table_ids(inputs) if iid is None
+                     else iid.draw(inputs, torch.Generator(device=iid.probs.device).manual_seed(seed + i)))
+        hs.append(tm(inputs, table_ids=table_ids).reshape(-1, model.mc.hidden_size))
+        ids.append(table_ids.reshape(-1))
+        ys.append(windows[i:i + batch, 1:].reshape(-1))
     return torch.cat(hs), torch.cat(ids), torch.cat(ys)
 
 
@@ -47,15 +47,17 @@ def _ce(model: PLECausalLM, h, ids, y, a=None, b=None, chunk: int = 4096) -> tor
     return total / len(h)
 
 
-def mean_row_gradient(model: PLECausalLM, window: torch.Tensor) -> float:
-    """Mean gradient norm per table row looked up in one training batch (``[B, T+1]`` tokens).
+def mean_row_gradient(model: PLECausalLM, window: torch.Tensor, iid: IIDTableIds | None = None) -> float:
+    """Mean gradient norm per table row looked up in one training batch (``[B, T+1]`` tokens; ``iid``: the null
+    control's ids, drawn from the global generator).
 
     A frozen table (``ple.table=frozen``) is measured too: the gradient that would reach it."""
     table = model.model.embed_tokens_per_layer.weight
     frozen = not table.requires_grad
     table.requires_grad_(True)
     model.zero_grad(set_to_none=True)
-    model(window[:, :-1], labels=window[:, 1:]).loss.backward()
+    inputs = window[:, :-1]
+    model(inputs, targets=window[:, 1:], table_ids=None if iid is None else iid.draw(inputs)).loss.backward()
     norms = table.grad.norm(dim=1)
     table.requires_grad_(not frozen)
     used = norms > 0
@@ -65,16 +67,18 @@ def mean_row_gradient(model: PLECausalLM, window: torch.Tensor) -> float:
 
 
 def id_information(model: PLECausalLM, train_windows: torch.Tensor, val_windows: torch.Tensor, rank: int = 8,
-                   steps: int = 300, lr: float = 1e-2, batch: int = 16, seed: int = 0) -> dict:
+                   steps: int = 300, lr: float = 1e-2, batch: int = 16, seed: int = 0,
+                   iid: IIDTableIds | None = None) -> dict:
     """Validation CE gain (nats/token) of per-id logit offsets on top of the frozen model.
 
     The probe is fitted on 80% of the training windows' tokens and early-stopped on the other
-    20% (checked every 10 steps), so that a few thousand tokens do not simply get memorised.
+    20% (checked every 10 steps), so that a few thousand tokens do not simply get memorised. ``iid``: the
+    null control's id frequencies (``ple.ids='iid'``), drawn seeded per chunk.
     """
     was = model.training
     model.eval()
-    h_all, id_all, y_all = _features(model, train_windows, batch, seed)
-    h_va, id_va, y_va = _features(model, val_windows, batch, seed + 7_919)
+    h_all, id_all, y_all = _features(model, train_windows, batch, seed, iid)
+    h_va, id_va, y_va = _features(model, val_windows, batch, seed + 7_919, iid)
     cut = int(0.8 * len(h_all))
     h_tr, id_tr, y_tr = h_all[:cut], id_all[:cut], y_all[:cut]
     h_ho, id_ho, y_ho = h_all[cut:], id_all[cut:], y_all[cut:]
@@ -104,7 +108,7 @@ def id_information(model: PLECausalLM, train_windows: torch.Tensor, val_windows:
     return {"val_gain_nats": float(base_va - probe_va), "train_gain_nats": float(base_tr - probe_tr),
             "val_base_ce": float(base_va), "tokens_fit": len(h_tr), "tokens_val": len(h_va), "rank": rank,
             "probe_steps": best_step,
-            "mean_row_grad_norm": mean_row_gradient(model, train_windows[:batch]),
+            "mean_row_grad_norm": mean_row_gradient(model, train_windows[:batch], iid),
             "is_prediction_target": model.pc.ids == "token",
             "id_space": "text tokens (also the LM's targets)" if model.pc.ids == "token"
             else "i.i.d. null ids (never a target)"}

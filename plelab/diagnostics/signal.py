@@ -1,7 +1,7 @@
 """Signal metrics from a live model, per layer: how strong is the injection, and what reaches it?
 
-Collected during a normal forward/backward through the model's probe hooks (no second
-forward), so the trainer can log them every ``train.diag_every`` steps cheaply:
+Collected during a normal forward/backward through forward hooks on the PLE modules (no second
+forward of the model), so the trainer can log them every ``train.diag_every`` steps cheaply:
 
 - ``snr``: RMS of the PLE branch output / RMS of the hidden state it is added to;
 - ``table_to_proj``: RMS of the table part z / RMS of the model-projection part c of the
@@ -65,44 +65,54 @@ def _norm(t: torch.Tensor | None) -> float | None:
 
 
 class SignalProbe:
-    """Context manager: attach to a PLE model, run forward (+ backward), read ``summary()``."""
+    """Context manager: attach to a PLE model, run forward (+ backward), read ``summary()``.
+
+    It observes through forward hooks on the model's :class:`~plelab.model.ple.PerLayerEmbedding` (``c`` and ``z``
+    recomputed from the hook's inputs, exactly as the forward computes them) and on each layer's
+    :class:`~plelab.model.ple.PerLayerInjection` (``h``, ``p`` -> branch); the hooks are removed on exit.
+    """
 
     def __init__(self, model: PLECausalLM) -> None:
         self.model = model
         L = model.mc.num_hidden_layers
         self.stats: dict[str, list] = {k: [None] * L for k in ("snr", "branch_erank", "gate", "table_to_proj")}
+        self._handles: list = []
 
     def _layer_hook(self, index: int):
-        def probe(layer, h, p, branch) -> None:
+        def hook(injection, args, branch) -> None:
+            h, _ = args
+            o = injection.owner
             with torch.no_grad():
                 self.stats["snr"][index] = _rms(branch) / max(_rms(h), 1e-30)
                 rows = branch.detach().reshape(-1, branch.shape[-1])[:_MAX_TOKENS].float()
                 self.stats["branch_erank"][index] = effective_rank(torch.linalg.svdvals(rows).pow(2))
-                if layer.gate_kind == "gemma":
-                    self.stats["gate"][index] = float(F.gelu(layer.per_layer_input_gate(h), approximate="tanh")
+                if injection.gate == "gemma":
+                    self.stats["gate"][index] = float(F.gelu(o.per_layer_input_gate(h), approximate="tanh")
                                                       .abs().mean())
-                elif layer.gate_kind in ("scalar", "vector"):
-                    self.stats["gate"][index] = float(_full(layer.per_layer_gate).detach().abs().mean())
-        return probe
+                elif injection.gate in ("scalar", "vector"):
+                    self.stats["gate"][index] = float(_full(o.per_layer_gate).detach().abs().mean())
+        return hook
 
-    def _input_hook(self, c: torch.Tensor, z: torch.Tensor) -> None:
+    def _input_hook(self, embedding, args, _out) -> None:
+        inputs_embeds, table_ids, token_part = (*args, None, None)[:3]
         with torch.no_grad():
+            c = embedding.projection_part(inputs_embeds)
+            z = embedding.token_part(table_ids) if token_part is None else token_part
             zr = z.detach().float().pow(2).mean(dim=(0, 1, 3)).sqrt()
             cr = c.detach().float().pow(2).mean(dim=(0, 1, 3)).sqrt().clamp_min(1e-30)
             self.stats["table_to_proj"] = (zr / cr).tolist()
 
     def __enter__(self) -> SignalProbe:
         tm = self.model.model
-        tm.probe = self._input_hook
-        for i, layer in enumerate(tm.layers):
-            layer.probe = self._layer_hook(i)
+        self._handles = [tm.per_layer_embedding.register_forward_hook(self._input_hook)]
+        self._handles += [layer.per_layer_injection.register_forward_hook(self._layer_hook(i))
+                          for i, layer in enumerate(tm.layers)]
         return self
 
     def __exit__(self, *exc) -> None:
-        tm = self.model.model
-        tm.probe = None
-        for layer in tm.layers:
-            layer.probe = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def summary(self) -> dict[str, list]:
         return dict(self.stats)

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from plelab.model.losses import window_losses
+from plelab.model.ple import IIDTableIds
 from plelab.model.transformer import PLECausalLM
 
 
@@ -33,25 +35,6 @@ class Intervention:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@torch.no_grad()
-def window_losses(model: PLECausalLM, windows: torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
-    """Per-window mean next-token CE, ``[N]``. ``ple.ids='iid'`` draws are seeded per chunk (paired)."""
-    was = model.training
-    model.eval()
-    out = []
-    tm = model.model
-    for i in range(0, len(windows), batch):
-        chunk = windows[i:i + batch].to(device)
-        if getattr(tm, "pc", None) is not None and tm.pc.enabled and tm.pc.ids == "iid":
-            tm.iid_generator = torch.Generator(device=tm.iid_probs.device).manual_seed(1_000_003 + i)
-        logits = model(chunk[:, :-1]).logits.float()
-        ce = F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")
-        out.append(ce.mean(1).cpu())
-    tm.iid_generator = None
-    model.train(was)
-    return torch.cat(out).double()
 
 
 def frequency_bins(counts: np.ndarray, bin_size: int = 16) -> list[np.ndarray]:
@@ -95,10 +78,12 @@ def table_swapped(model: PLECausalLM, new_weight: torch.Tensor):
 
 
 def use_metrics(model: PLECausalLM, windows: torch.Tensor, w0: torch.Tensor, counts: np.ndarray, batch: int,
-                device: torch.device, per_layer: bool = True, seed: int = 0) -> tuple[float, list[Intervention]]:
-    """Base validation loss and the reset / permute interventions (whole table, then each layer)."""
+                device: torch.device, per_layer: bool = True, seed: int = 0,
+                iid: IIDTableIds | None = None) -> tuple[float, list[Intervention]]:
+    """Base validation loss and the reset / permute interventions (whole table, then each layer); ``iid``: see
+    :func:`window_losses`."""
     L, dP = model.mc.num_hidden_layers, model.pc.dim
-    base = window_losses(model, windows, batch, device)
+    base = window_losses(model, windows, batch, device, iid)
     wt = model.model.embed_tokens_per_layer.weight.detach().float().cpu()
     perm = within_bin_permutation(counts, seed)
     variants = {"reset": w0.reshape(wt.shape), "permute": wt[perm]}
@@ -109,7 +94,7 @@ def use_metrics(model: PLECausalLM, windows: torch.Tensor, w0: torch.Tensor, cou
             new = wt.clone()
             new[:, cols] = changed[:, cols]
             with table_swapped(model, new):
-                diff = window_losses(model, windows, batch, device) - base
+                diff = window_losses(model, windows, batch, device, iid) - base
             se = float(diff.std(unbiased=True) / len(diff) ** 0.5) if len(diff) > 1 else float("nan")
             results.append(Intervention(kind, layer, float(diff.mean()), se, len(diff)))
     return float(base.mean()), results

@@ -30,10 +30,15 @@ def param_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+def table_init_std(mc: ModelConfig, pc: PLEConfig) -> float:
+    """The std of a per-layer table's normal init: ``ple.table_init_std``, or ``model.initializer_range``."""
+    return pc.table_init_std if pc.table_init_std is not None else mc.initializer_range
+
+
 def init_spec(model: PLECausalLM) -> dict[str, tuple[str, float]]:
     """Map every parameter name to ``(kind, value)``: ``("normal", std)``, ``("ones", 1)`` or ``("const", v)``."""
     mc, pc = model.mc, model.pc
-    table_std = pc.table_init_std if pc.table_init_std is not None else mc.initializer_range
+    table_std = table_init_std(mc, pc)
     spec: dict[str, tuple[str, float]] = {}
     for mod_name, module in model.named_modules():
         for p_name, _ in module.named_parameters(recurse=False):
@@ -85,15 +90,17 @@ def materialise(model: PLECausalLM, device: str | torch.device, table_device: st
 
 
 def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | torch.device = "cpu",
-                dtype: torch.dtype = torch.float32, table_device: str | torch.device | None = None) -> PLECausalLM:
+                dtype: torch.dtype = torch.float32, table_device: str | torch.device | None = None,
+                table_sparse: bool = False) -> PLECausalLM:
     """Construct on the meta device (instant at any size), then materialise on ``device`` and init.
 
     ``device="meta"`` returns the uninitialised skeleton, for parameter accounting. ``table_device``
     materialises the per-layer table there instead (e.g. host memory under a GPU trunk); the table
-    is never allocated on ``device``. Values do not depend on where a parameter lives.
+    is never allocated on ``device``. ``table_sparse`` gives the table sparse row gradients (the row-sparse
+    optimizer's table). Values depend on neither.
     """
     with torch.device("meta"):
-        model = PLECausalLM(mc, pc)
+        model = PLECausalLM(mc, pc, table_sparse=table_sparse)
     if str(device) == "meta":
         return model
     materialise(model, device, table_device if table_device is not None else device)

@@ -180,23 +180,23 @@ def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool =
 
 
 def _run_in_process(todo: list[RunJob], bar, progress: bool, log) -> None:
-    from plelab.train.launch import prepare_run_data, trainer_class
+    from plelab.runs import make_trainer, prepare_data
 
     data_cache: dict[str, object] = {}
     for job in todo:
         key = data_key(job.cfg)
         if key not in data_cache:
-            data_cache[key] = prepare_run_data(job.cfg, progress=progress)
+            data_cache[key] = prepare_data(job.cfg, progress=progress)
         start = time.perf_counter()
-        result = trainer_class(job.cfg)(job.cfg, data_cache[key], job.path, resume=True, progress=progress,
-                                        log=lambda *a: None).fit()
+        result = make_trainer(job.cfg, data_cache[key], job.path, resume=True, progress=progress,
+                              log=lambda *a: None).fit()
         bar.update(1)
         tail = f"val {result.final_val_loss:.4f}" if result.val_history else "done"
         (bar.write if progress else log)(f"  {job.name}: {tail} ({time.perf_counter() - start:.0f} s)")
 
 
 def _run_workers(todo: list[RunJob], jobs: int, bar, report) -> None:
-    from plelab.train.launch import warm_caches
+    from plelab.runs import warm_caches
 
     for cfg in {data_key(j.cfg): j.cfg for j in todo}.values():  # fill the caches once here, not in every worker
         warm_caches(cfg)

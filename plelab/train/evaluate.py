@@ -24,8 +24,9 @@ from plelab.errors import ConfigError, PlelabError
 def cmd_eval(args: argparse.Namespace) -> int:
     from plelab.data.pipeline import prepare_data
     from plelab.data.tokens import val_windows
-    from plelab.diagnostics.usage import window_losses
+    from plelab.model.losses import window_losses
     from plelab.model.loading import checkpoint_of, load_for_eval
+    from plelab.model.ple import IIDTableIds
     from plelab.runtime import resolve_device, setup_torch, uses_bf16
     from plelab.train.checkpoint import read_state
 
@@ -43,16 +44,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if trained_on is not None and trained_on != data.corpus_fingerprint:
         raise PlelabError(f"{ckpt} was trained on another corpus (sha256 {trained_on[:12]}…, the run's data.path "
                           f"now gives {data.corpus_fingerprint[:12]}…); restore the run's corpus")
+    iid = None
     if cfg.ple.enabled and cfg.ple.ids == "iid":
         vp = cfg.ple.resolved_vocab_size(cfg.model)
-        model.model.set_iid_frequencies(torch.from_numpy(data.train_counts(vp)).to(device))
+        iid = IIDTableIds(torch.from_numpy(data.train_counts(vp)).to(device))
     n = args.windows if args.windows is not None else cfg.train.eval_batches * cfg.train.batch_size
     windows = val_windows(data.val, cfg.train.seq_len, n)
     # as the trainer evaluates: its micro-batch (the i.i.d. null's draws are seeded per chunk) and precision
     batch = args.batch or max(1, cfg.train.batch_size // (cfg.train.grad_accum * state.get("world_size", 1)))
     bf16 = uses_bf16(cfg.train.precision, device)
     with torch.no_grad(), (torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()):
-        losses = window_losses(model, windows, batch, device)
+        losses = window_losses(model, windows, batch, device, iid)
     table = model.model.embed_tokens_per_layer.weight if cfg.ple.enabled else None
     out = {"checkpoint": str(ckpt), "val_loss": float(losses.mean()), "windows": len(windows),
            "device": str(device), "table_device": str(table.device) if table is not None else None,

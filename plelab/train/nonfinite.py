@@ -2,9 +2,9 @@
 
 When a step's loss or gradient norm is not finite the trainer stops before any update (or, with
 ``train.skip_nonfinite=N``, skips up to N such steps) and names the culprit in one line: it re-runs the
-step's first micro-batch forward under ``torch.no_grad`` with a hook on every module and reports the
-first one, in execution order, whose output holds a NaN or an Inf (the same batch: the sampler is a
-function of the step), together with any parameter or gradient that is already non-finite.
+step's forwards on the step's own batches under ``torch.no_grad`` with a hook on every module and reports
+the first module, in execution order, whose output holds a NaN or an Inf, together with any parameter or
+gradient that is already non-finite.
 """
 
 from __future__ import annotations
@@ -98,22 +98,3 @@ def stop_message(what: str, step: int, detail: str, run_dir: Path | None) -> str
     return (f"{what} at step {step + 1}; {detail}. The run stopped before updating; {kept}. Lower train.lr or "
             "raise train.warmup_steps, check the data, or let up to N such steps be skipped with "
             "--set train.skip_nonfinite=N")
-
-
-def diagnose_step(trainer, step: int, loss_finite: bool) -> str:
-    """:func:`describe_nonfinite` for a trainer's ``step``: every micro-batch of the step again, on every rank
-    (FSDP2 gathers parameters in each forward), through the uncompiled module and with ``trainer.replaying``
-    set so that ``_micro_loss`` has no side effects (a visual run reuses the step's own IDs)."""
-    tc = trainer.cfg.train
-    forward, trainer.forward = trainer.forward, trainer.wrapped
-    trainer.replaying = True
-
-    def again():
-        for m in range(tc.grad_accum):
-            first = (trainer.dist.rank * tc.grad_accum + m) * trainer.micro_batch
-            with trainer._autocast():
-                trainer._micro_loss(step, m, slice(first, first + trainer.micro_batch))
-    try:
-        return describe_nonfinite(trainer.model, again, loss_finite=loss_finite)
-    finally:
-        trainer.forward, trainer.replaying = forward, False

@@ -39,12 +39,20 @@ def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:
                 groups["decay"].append(p)
     n = sum(len(v) for v in groups.values())
     assert n + frozen == len(list(model.parameters())), "optimizer groups do not cover the model"
-    table_lr = (tc.lr if tc.table_lr is None else tc.table_lr) * tc.table_lr_mult
-    spec = {"decay": (tc.lr, tc.weight_decay), "no_decay": (tc.lr, 0.0), "ple_table": (table_lr, tc.table_weight_decay)}
+    spec = {"decay": (tc.lr, tc.weight_decay), "no_decay": (tc.lr, 0.0), "ple_table": (table_lr(tc), tc.table_weight_decay)}
     sparse = tc.table_optimizer == "row-sparse"
-    return [{"name": k, "params": v, "lr": spec[k][0], "base_lr": spec[k][0], "weight_decay": spec[k][1],
-             **({"row_sparse": True} if sparse and k == "ple_table" else {})}
+    return [adamw_group(k, v, *spec[k], **({"row_sparse": True} if sparse and k == "ple_table" else {}))
             for k, v in groups.items() if v]
+
+
+def table_lr(tc: TrainConfig) -> float:
+    """The per-layer table group's learning rate: ``train.table_lr`` (or ``train.lr``) × ``train.table_lr_mult``."""
+    return (tc.lr if tc.table_lr is None else tc.table_lr) * tc.table_lr_mult
+
+
+def adamw_group(name: str, params: list, lr: float, weight_decay: float, **extra) -> dict:
+    """One named parameter group (``base_lr`` is what the schedule multiplies)."""
+    return {"name": name, "params": params, "lr": lr, "base_lr": lr, "weight_decay": weight_decay, **extra}
 
 
 def adamw(groups: list[dict]) -> torch.optim.AdamW:

@@ -149,9 +149,9 @@ def all_reduce_sparse_grad(p: torch.Tensor, world_size: int, comm_device: torch.
 
 
 
-def make_table_sparse(lm, cfg, distributed: bool) -> torch.nn.Parameter | None:
-    """Give the per-layer table of ``lm`` sparse row gradients when ``train.table_optimizer=row-sparse`` (a learned
-    table only) and return its weight, else None. Refuses a dense host-side table under torchrun."""
+def table_is_sparse(cfg, distributed: bool) -> bool:
+    """Whether the run's per-layer table gets sparse row gradients (``train.table_optimizer=row-sparse``, a learned
+    table only; the model is built so). Refuses a dense host-side table under torchrun."""
     from plelab.errors import PlelabError
 
     tc, pc = cfg.train, cfg.ple
@@ -160,8 +160,4 @@ def make_table_sparse(lm, cfg, distributed: bool) -> torch.nn.Parameter | None:
         raise PlelabError("train.table_device=cpu under torchrun needs train.table_optimizer=row-sparse (a dense "
                           "host-side gradient cannot be all-reduced by NCCL); add --set "
                           "train.table_optimizer=row-sparse")
-    if tc.table_optimizer != "row-sparse" or not learned:
-        return None
-    table = lm.model.embed_tokens_per_layer
-    table.sparse = True
-    return table.weight
+    return tc.table_optimizer == "row-sparse" and learned

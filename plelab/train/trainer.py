@@ -1,15 +1,14 @@
-"""The trainer: one run of one config, single process or under torchrun (DDP / FSDP2).
+"""The trainer: one run of one task, single process or under torchrun (DDP / FSDP2).
 
-The kind of run is a handful of hooks (``_build_model``, ``_build_optimizer``, ``_setup_data``,
-``_micro_loss``, ``evaluate``, ``_diag_windows``, ``_summary_extra``); this class implements the text
-LM, :class:`plelab.visual.trainer.VisualTrainer` the image–caption runs, and everything else — the loop,
-checkpoints, resume, metrics, live diagnostics — is shared.
+What a kind of run is — model, parameter groups, batches, loss, evaluation, its own state — is the
+:class:`~plelab.train.task.Task`'s; what watches the run (live and at-checkpoint diagnostics) are
+:class:`~plelab.train.task.Observer` s. The trainer owns the rest: the loop, checkpoints, resume, metrics,
+row counts and the NaN diagnosis.
 
-A step: ``sampler.batch(step)`` (this rank's rows of the global batch) -> ``model(inputs,
-labels)`` under bf16 autocast on CUDA -> ``(loss / grad_accum).backward()`` per micro-batch
--> mean loss across ranks -> clip -> AdamW (decay / no_decay / ple_table groups, LR from
-warmup + cosine) -> metrics row -> every ``eval_every`` steps validation, every
-``checkpoint_every`` steps an atomic checkpoint.
+A step: the task's micro-batches (fixed for the step) -> ``task.loss`` under bf16 autocast where it wins ->
+``(loss / grad_accum).backward()`` per micro-batch -> mean loss across ranks -> finite? -> row counts,
+observers -> clip -> AdamW (the task's groups, LR from warmup + cosine) -> ``task.after_step`` -> metrics row ->
+every ``eval_every`` steps validation, every ``checkpoint_every`` steps an atomic checkpoint.
 """
 
 from __future__ import annotations
@@ -17,28 +16,22 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from plelab.config.schema import RunConfig
-from plelab.data.tokens import PackedSampler, TokenData, val_windows
-from plelab.diagnostics.live import RowCounter, checkpoint_diagnostics, live_row, probe_context
-from plelab.diagnostics.usage import window_losses
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import write_json
 from plelab.model.accounting import flops_per_token
-from plelab.model.init import build_model, param_seed
-from plelab.model.transformer import PLECausalLM
 from plelab.provenance import provenance
 from plelab.runtime import available_cores, resolve_device, seed_everything, setup_torch, uses_bf16
 from plelab.train import checkpoint as ckpt
 from plelab.train import sparse
 from plelab.train.distributed import (
-    DistInfo,
     all_ranks_ok,
     barrier,
     init_distributed,
@@ -47,9 +40,12 @@ from plelab.train.distributed import (
     wrap_model,
 )
 from plelab.train.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
-from plelab.train.nonfinite import diagnose_step, stop_message
-from plelab.train.optim import build_optimizer, lr_multiplier, set_lr
+from plelab.train.nonfinite import describe_nonfinite, stop_message
+from plelab.train.optim import adamw, lr_multiplier, set_lr
+from plelab.train.rows import RowCounter
+from plelab.train.task import Batch, Observer, RunEnv, Task
 
+TABLE_WEIGHT = "model.embed_tokens_per_layer.weight"
 # Config keys that must match for a checkpoint to be resumed (they change what a step computes).
 _RESUME_KEYS = ("seed", "model", "ple", "train.batch_size", "train.seq_len", "train.table_optimizer", "visual")
 
@@ -68,13 +64,18 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, data: TokenData, run_dir: str | Path | None = None, *, resume: bool = False,
-                 progress: bool = True, log=print) -> None:
+    """Runs ``task`` to ``task.cfg.train.steps`` (the task's resolved config is the run's config)."""
+
+    def __init__(self, task: Task, run_dir: str | Path | None = None, *, resume: bool = False,
+                 progress: bool = True, log=print, observers: Sequence[Observer] = ()) -> None:
+        cfg = task.cfg
         tc = cfg.train
-        self.cfg, self.data, self.log, self.progress = cfg, data, log, progress
+        self.task, self.cfg, self.log, self.progress = task, cfg, log, progress
         self.run_dir = Path(run_dir) if run_dir is not None else None
         device = resolve_device(tc.device)
-        self.dist: DistInfo = init_distributed(device.type)
+        self.dist = init_distributed(device.type)
+        if task.single_process and self.dist.enabled:
+            raise PlelabError("this kind of run is single-process for now; run it without torchrun")
         self.device = torch.device("cuda", self.dist.local_rank) if device.type == "cuda" else device
         setup_torch(tc.threads or max(1, available_cores() // self.dist.local_world_size))
         seed_everything(cfg.seed)
@@ -83,23 +84,19 @@ class Trainer:
             raise PlelabError(f"train.batch_size={tc.batch_size} must be divisible by world size x grad_accum = "
                               f"{self.dist.world_size} x {tc.grad_accum}; change one of them")
         self.micro_batch = tc.batch_size // per_step
-        self.bf16 = uses_bf16(tc.precision, self.device)
-        self.model = self._build_model()
-        self.lm: PLECausalLM = self.model if isinstance(self.model, PLECausalLM) else self.model.lm
-        self.sparse_table = sparse.make_table_sparse(self.lm, cfg, self.dist.enabled)
-        self.rows: RowCounter | None = None
-        if cfg.ple.enabled:
-            vp = cfg.ple.resolved_vocab_size(cfg.model)
-            self.rows = RowCounter(vp, self.device)
-            if cfg.ple.ids == "iid":
-                self.lm.model.set_iid_frequencies(torch.from_numpy(data.train_counts(vp)).to(self.device))
+        self.env = RunEnv(self.device, self.dist, self.micro_batch, uses_bf16(tc.precision, self.device))
+        task.bind(self.env)
+        table_sparse = sparse.table_is_sparse(cfg, self.dist.enabled)
+        self.model = task.build_model("cpu" if tc.table_device == "cpu" else None, table_sparse)
+        self.lm = task.language_model(self.model)
+        self.sparse_table = self.lm.model.embed_tokens_per_layer.weight if table_sparse else None
+        self.rows = {name: RowCounter(n, self.device) for name, (n, _) in task.row_tables.items()}
         table_apart = self.sparse_table is not None or (cfg.ple.enabled and tc.table_device == "cpu")
-        sparse_names = ["model.embed_tokens_per_layer.weight"] if table_apart else []
-        self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device, self.bf16, ignore=sparse_names)
-        self.opt = self._build_optimizer()
+        self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device, self.env.bf16,
+                                  ignore=[TABLE_WEIGHT] if table_apart else [])
+        self.opt = adamw(task.param_groups(self.model))
         self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
-        self.tokens_per_step = tc.batch_size * tc.seq_len
-        self._setup_data()
+        self.tokens_per_step = task.tokens_per_step
         self.flops_per_token = flops_per_token(cfg.model, cfg.ple, tc.seq_len)
         self.peak_flops = gpu_peak_flops(self.device)
         self.step, self.tokens_seen, self.wall_before = 0, 0, 0.0
@@ -107,54 +104,13 @@ class Trainer:
         self.recent_losses: list[float] = []  # the last eval_every train losses (for the train–val gap)
         self.table_alpha = 1.0  # Π (1 − lr·wd) of the table group: how much of W_0 is left in W_t
         self.skipped_steps = 0  # steps skipped for a non-finite loss or gradient (train.skip_nonfinite)
-        self.replaying = False  # True while _nonfinite re-runs a step's forward to find the culprit
+        self.observers = list(observers)
+        for observer in self.observers:
+            observer.bind(self.model, self.env)
         self.sinks = None
         if self.run_dir is not None:
             self._open_run(resume)
-
-    # ---- what a kind of run defines (text LM here; plelab.visual.trainer overrides them) -------
-    def _build_model(self) -> torch.nn.Module:
-        return build_model(self.cfg.model, self.cfg.ple, seed=self.cfg.seed, device=self.device,
-                           table_device="cpu" if self.cfg.train.table_device == "cpu" else None)
-
-    def _build_optimizer(self) -> torch.optim.Optimizer:
-        return build_optimizer(self.model, self.cfg.train)
-
-    def _setup_data(self) -> None:
-        tc = self.cfg.train
-        self.sampler = PackedSampler(self.data.train, tc.seq_len, self.cfg.seed)
-        self.val = val_windows(self.data.val, tc.seq_len, tc.eval_batches * tc.batch_size)
-
-    def _micro_loss(self, step: int, micro: int, rows: slice) -> torch.Tensor:
-        """The mean loss of this rank's ``rows`` of the global batch of ``step`` (micro-step ``micro``)."""
-        x, y = self.sampler.batch(step, self.cfg.train.batch_size, rows)
-        if self.cfg.ple.enabled and self.cfg.ple.ids == "iid":  # distinct, resumable draws per rank/micro-step
-            self.lm.model.iid_generator = torch.Generator(device=self.device).manual_seed(
-                param_seed(self.cfg.seed, f"iid:{step}:{self.dist.rank}:{micro}"))
-        return self.forward(x.to(self.device), labels=y.to(self.device)).loss
-
-    def _diag_windows(self) -> torch.Tensor | None:
-        """Validation windows for the checkpoint use test of the text table (None: skip it)."""
-        tc = self.cfg.train
-        return self.val[:tc.diag_windows] if tc.diag_windows else None
-
-    def _summary_extra(self) -> dict:
-        return {}
-
-    def _checkpoint_extra(self) -> dict[str, torch.Tensor]:
-        """More tensors to save with a checkpoint (``optimizer.safetensors``; restored by ``_restore_extra``)."""
-        return {}
-
-    def _state_extra(self) -> dict:
-        """More JSON state to save with a checkpoint (``state.json``, key ``extra``)."""
-        return {}
-
-    def _restore_extra(self, saved: dict[str, torch.Tensor], state: dict) -> None:
-        """Restore what ``_checkpoint_extra`` (tensors) and ``_state_extra`` (``state["extra"]``) saved."""
-
-    def _live_extra(self) -> dict:
-        """More live diagnostics of a diag step (after backward, before the optimizer step)."""
-        return {}
+        task.ready(self.step)
 
     # ---- run folder, resume ------------------------------------------------------------------
     def _open_run(self, resume: bool) -> None:
@@ -168,15 +124,15 @@ class Trainer:
         latest = found[-1] if found else None
         state = ckpt.read_state(latest) if latest is not None else None
         if state is not None:
-            ckpt.check_resumable(run, state, self.cfg, _RESUME_KEYS, self.data.corpus_fingerprint)
+            ckpt.check_resumable(run, state, self.cfg, _RESUME_KEYS, self.data_fingerprint)
             # tensors first: a checkpoint that does not load leaves config.json as it was
             ckpt.load_model_weights(self.model, latest)
-            saved_extra = ckpt.load_optimizer_state(self.model, self.opt, latest)
-            if self.rows is not None and "diag.row_counts" in saved_extra:
+            saved = ckpt.load_optimizer_state(self.model, self.opt, latest)
+            for name, (_, key) in self.task.row_tables.items():
                 # this rank continues counting from the global total on rank 0 only, so the sum stays exact
-                if self.dist.is_main:
-                    self.rows.counts.copy_(saved_extra["diag.row_counts"].to(self.rows.counts.device))
-            self._restore_extra(saved_extra, state.get("extra", {}))
+                if key in saved and self.dist.is_main:
+                    self.rows[name].counts.copy_(saved[key].to(self.rows[name].counts.device))
+            self.task.restore(saved, state.get("extra", {}))
             self.step, self.tokens_seen = state["step"], state["tokens_seen"]
             self.val_history = [tuple(v) for v in state["val_history"]]
             self.recent_losses = list(state["recent_train_losses"])
@@ -205,72 +161,80 @@ class Trainer:
             self.sinks = MetricSinks(run, self.cfg.train.tensorboard, self.cfg.train.wandb_project, self.cfg.to_dict())
         barrier(self.dist)
 
+    @property
+    def data_fingerprint(self) -> str:
+        return self.task.data.corpus_fingerprint
+
+    def row_counts(self) -> dict[str, torch.Tensor]:
+        """How often each row of each counted table was looked up so far (this rank)."""
+        return {name: c.counts for name, c in self.rows.items()}
+
     def save_checkpoint(self) -> None:
         model_t, opt_t = ckpt.gather_state(self.model, self.opt)  # collective: every rank calls it
-        extra, diagnostics = self._checkpoint_extra(), None
-        if self.rows is not None:
-            counts = sum_across_ranks(self.rows.counts, self.dist)
-            extra["diag.row_counts"] = counts.cpu()
-            if self.dist.is_main and not (self.dist.enabled and self.cfg.train.parallel == "fsdp"):
-                diagnostics = checkpoint_diagnostics(self.lm, self.cfg, counts.cpu().numpy(), self.table_alpha,
-                                                     self._diag_windows(), self.device)
+        extra = self.task.checkpoint_tensors()
+        counts = {name: sum_across_ranks(c.counts, self.dist).cpu() for name, c in self.rows.items()}
+        for name, (_, key) in self.task.row_tables.items():
+            extra[key] = counts[name]
+        diagnostics = None
         if self.dist.is_main:
+            for observer in self.observers:
+                diagnostics = observer.on_checkpoint(self.step, counts, self.table_alpha) or diagnostics
             ckpt.save_checkpoint(self.run_dir, self.step, model_t, opt_t, {
                 "tokens_seen": self.tokens_seen, "val_history": self.val_history, "config": self.cfg.to_dict(),
                 "recent_train_losses": self.recent_losses, "table_decay_alpha": self.table_alpha,
                 "skipped_steps": self.skipped_steps,
-                "wall_seconds": self.wall_before + self._elapsed(), "corpus_fingerprint": self.data.corpus_fingerprint,
-                "world_size": self.dist.world_size, "extra": self._state_extra()},
+                "wall_seconds": self.wall_before + self._elapsed(), "corpus_fingerprint": self.data_fingerprint,
+                "world_size": self.dist.world_size, "extra": self.task.checkpoint_state()},
                 keep=self.cfg.train.keep_checkpoints, extra_tensors=extra,
                 diagnostics=diagnostics, protect=self.cfg.train.early_checkpoint)
         barrier(self.dist)
 
     # ---- steps -------------------------------------------------------------------------------
-    def _autocast(self):
-        if self.bf16:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    def batches(self, step: int) -> list[Batch]:
+        """This rank's micro-batches of ``step``, made once (a replay reuses them)."""
+        tc = self.cfg.train
+        out = []
+        for m in range(tc.grad_accum):
+            first = (self.dist.rank * tc.grad_accum + m) * self.micro_batch
+            out.append(self.task.batch(step, m, slice(first, first + self.micro_batch)))
+        return out
 
     def train_step(self) -> dict:
         tc, step = self.cfg.train, self.step
         set_lr(self.opt, lr_multiplier(step, tc))
-        # Probes are off under torch.compile: toggling them would recompile and change the fused graph.
-        diag_step = bool(self.rows is not None and tc.diag_every and not tc.compile
-                         and (step + 1) % tc.diag_every == 0)
         t0 = time.perf_counter()
         total = torch.zeros((), device=self.device)
-        looked_up = []  # table rows of each micro-step, counted once the step is known to be finite
-        for m in range(tc.grad_accum):
-            first = (self.dist.rank * tc.grad_accum + m) * self.micro_batch
+        batches = self.batches(step)
+        for m, batch in enumerate(batches):
             sync_off = m < tc.grad_accum - 1 and hasattr(self.wrapped, "no_sync")
-            with (self.wrapped.no_sync() if sync_off else contextlib.nullcontext()), self._autocast(), \
-                    probe_context(self.lm, diag_step and m == 0) as probe:
-                loss = self._micro_loss(step, m, slice(first, first + self.micro_batch))
-                if m == 0:
-                    first_probe = probe
-            if self.rows is not None:
-                looked_up.append(self.lm.model.last_table_ids)
+            with contextlib.ExitStack() as stack:
+                if sync_off:
+                    stack.enter_context(self.wrapped.no_sync())
+                stack.enter_context(self.env.autocast())
+                for observer in self.observers:
+                    stack.enter_context(observer.forward_context(step, m))
+                loss = self.task.loss(self.forward, batch)
             (loss / tc.grad_accum).backward()
             total += loss.detach()
         if self.sparse_table is not None and self.sparse_table.grad is not None:
             sparse.coalesce_sparse_grads([self.sparse_table])
             if self.dist.enabled:
                 sparse.all_reduce_sparse_grad(self.sparse_table, self.dist.world_size,
-                                       self.device if self.device.type == "cuda" else torch.device("cpu"))
+                                              self.device if self.device.type == "cuda" else torch.device("cpu"))
         loss = mean_across_ranks(total / tc.grad_accum, self.dist).item()
         if not math.isfinite(loss):
-            return self._nonfinite(step, f"the loss became {loss}")
+            return self._nonfinite(step, batches, f"the loss became {loss}")
         params = list(self.model.parameters())
         gnorm = sparse.grad_norm(params)  # before any clipping: a non-finite gradient is diagnosed as it is
         gnorm_value = (gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm).item()
         if not math.isfinite(gnorm_value):
-            return self._nonfinite(step, f"the gradient norm became {gnorm_value}", loss_finite=True)
-        if self.rows is not None:
-            for ids in looked_up:
-                self.rows.update(ids)
-        extra = live_row(first_probe, self.lm, self.rows, self.dist) if diag_step else {}
-        if diag_step:
-            extra["diag"].update(self._live_extra())
+            return self._nonfinite(step, batches, f"the gradient norm became {gnorm_value}", loss_finite=True)
+        for batch in batches:  # counted once the step is known to be finite
+            for name, ids in batch.rows.items():
+                self.rows[name].update(ids)
+        extra: dict = {}
+        for observer in self.observers:
+            extra.update(observer.after_backward(step, self.rows))
         if tc.grad_clip > 0:
             sparse.clip_with_norm(params, tc.grad_clip, gnorm)
         self.opt.step()
@@ -278,6 +242,7 @@ class Trainer:
         for g in self.opt.param_groups:
             if g["name"] == "ple_table":
                 self.table_alpha *= 1 - g["lr"] * g["weight_decay"]
+        self.task.after_step(step)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
@@ -286,17 +251,26 @@ class Trainer:
         self.step += 1
         tps = tokens / dt
         return {"step": self.step, "loss": loss, "lr": self.opt.param_groups[0]["lr"], "grad_norm": gnorm_value,
-                "tokens": self.tokens_seen, "epoch": self.sampler.epochs(self.step, tc.batch_size),
+                "tokens": self.tokens_seen, "epoch": self.task.epochs(self.step),
                 "tokens_per_second": tps,
                 "mfu": (tps * self.flops_per_token / (self.peak_flops * self.dist.world_size)
                         if self.peak_flops else None), **extra}
 
-    def _nonfinite(self, step: int, what: str, loss_finite: bool = False) -> dict:
+    def _nonfinite(self, step: int, batches: list[Batch], what: str, loss_finite: bool = False) -> dict:
         """A non-finite loss or gradient norm at ``step`` (before any clipping or update): name its origin, then
-        skip the step (while ``train.skip_nonfinite`` allows) or stop with a one-line error."""
+        skip the step (while ``train.skip_nonfinite`` allows) or stop with a one-line error.
+
+        The origin: every micro-batch of the step again, on every rank (FSDP2 gathers parameters in each
+        forward), through the uncompiled module and on the step's own batches (no side effects)."""
         tc = self.cfg.train
-        detail = diagnose_step(self, step, loss_finite)
+
+        def replay() -> None:
+            for batch in batches:
+                with self.env.autocast():
+                    self.task.loss(self.wrapped, batch)
+        detail = describe_nonfinite(self.model, replay, loss_finite=loss_finite)
         self.opt.zero_grad(set_to_none=True)
+        self.task.after_step(step)
         if self.skipped_steps < tc.skip_nonfinite:
             self.skipped_steps += 1
             self.step += 1
@@ -307,9 +281,8 @@ class Trainer:
         raise PlelabError(stop_message(what, step, detail, self.run_dir))
 
     def evaluate(self) -> float:
-        """Mean next-token CE (nats) over the fixed validation windows (every rank runs all of them)."""
-        with self._autocast():
-            return float(window_losses(self.model, self.val, self.micro_batch, self.device).mean())
+        """The task's validation loss (nats)."""
+        return self.task.evaluate(self.model, self.step)
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._start
@@ -346,6 +319,10 @@ class Trainer:
                     self.val_history.append((self.step, row["val_loss"]))
                     if self.recent_losses:
                         row["train_val_gap"] = row["val_loss"] - sum(self.recent_losses) / len(self.recent_losses)
+                    for observer in self.observers:
+                        observer.on_eval(self.step, row["val_loss"])
+                for observer in self.observers:
+                    observer.on_step(row)
                 if main:
                     if self.sinks is not None:
                         self.sinks.write(row)
@@ -374,25 +351,18 @@ class Trainer:
     def _write_summary(self, result: TrainResult) -> None:
         if self.run_dir is None or not self.dist.is_main:
             return
-        tc = self.cfg.train
         summary = {
             "final_train_loss": (result.train_losses or self.recent_losses or [None])[-1],
             "final_val_loss": self.val_history[-1][1] if self.val_history else None,
-            "val_unigram_entropy": self.data.unigram_entropy(self.cfg.model.vocab_size),
+            "val_unigram_entropy": self.task.data.unigram_entropy(self.cfg.model.vocab_size),
             "steps": self.step, "tokens_seen": self.tokens_seen,
-            "epochs": self.sampler.epochs(self.step, tc.batch_size), "wall_seconds": result.wall_seconds,
+            "epochs": self.task.epochs(self.step), "wall_seconds": result.wall_seconds,
             "tokens_per_second": result.tokens_per_second, "world_size": self.dist.world_size,
             "skipped_steps": self.skipped_steps,
             "params": sum(p.numel() for p in self.model.parameters()),
-            **self._summary_extra(), **provenance(self.cfg, self.data.corpus_fingerprint)}
+            **self.task.summary(self.model, self.step, self.row_counts()), **provenance(self.cfg, self.data_fingerprint)}
         try:
             write_json(self.run_dir / "summary.json", summary)
         except OSError as err:
             raise PlelabError(f"cannot write {self.run_dir / 'summary.json'}: {err.strerror or err}; the final "
                               "checkpoint is saved — free space and rerun with --resume to write the summary") from None
-
-
-def train(cfg: RunConfig, data: TokenData, out_dir: str | Path | None = None, progress: bool = True,
-          resume: bool = False, log=print) -> TrainResult:
-    """Build a :class:`Trainer` and run it to ``cfg.train.steps``."""
-    return Trainer(cfg, data, out_dir, resume=resume, progress=progress, log=log).fit()

@@ -30,7 +30,7 @@ from plelab.diagnostics.diagnose import cka_against_null, weight_decay_shrink
 from plelab.diagnostics.structure import gaussian_null, matrix_stats
 from plelab.diagnostics.usage import weight_swapped, within_bin_permutation
 from plelab.diagnostics.verdict import use_verdict
-from plelab.model.init import initial_normal
+from plelab.model.init import initial_normal, table_init_std
 from plelab.visual.model import VISUAL_TABLE
 from plelab.visual.text import PAD
 
@@ -46,8 +46,8 @@ def initial_tables(cfg: RunConfig, k: int) -> dict[str, torch.Tensor]:
     out = {"text": initial_table(cfg)}
     if k:
         pc, mc = cfg.ple, cfg.model
-        std = pc.table_init_std if pc.table_init_std is not None else mc.initializer_range
-        out["visual"] = initial_normal(VISUAL_TABLE, (k, mc.num_hidden_layers * pc.dim), cfg.seed, std)
+        out["visual"] = initial_normal(VISUAL_TABLE, (k, mc.num_hidden_layers * pc.dim), cfg.seed,
+                                       table_init_std(mc, pc))
     return out
 
 
@@ -89,21 +89,19 @@ def table_weights(model, learned_only: bool = False) -> dict[str, torch.nn.Param
 
 
 @torch.no_grad()
-def end_of_run(trainer) -> dict:
-    """Structure and use of each table of a finished :class:`~plelab.visual.trainer.VisualTrainer` run."""
-    cfg, data = trainer.cfg, trainer.data
-    if not cfg.ple.enabled:
-        return {}
+def end_of_run(task, model, step: int, counts: dict[str, np.ndarray]) -> dict:
+    """Structure and use of each table of a finished visual run (:class:`~plelab.visual.task.VisualTask`,
+    its model after ``step`` steps, the row counts per table)."""
+    cfg, data = task.cfg, task.data
     L, dP = cfg.model.num_hidden_layers, cfg.ple.dim
     caps = data.val_caps
     real = (caps != PAD).float()
     masks = {"caption": real, "content": real * data.val_content.float()}
-    base = trainer._val_per_token()
-    w0s = initial_tables(cfg, trainer.model.num_ids)
-    counts = trainer.table_counts()
+    base = task.val_per_token(model)
+    w0s = initial_tables(cfg, model.num_ids)
     out = {}
-    alpha = weight_decay_shrink(cfg, trainer.step)  # both tables' groups share the table lr and decay
-    for name, weight in table_weights(trainer.model, learned_only=True).items():
+    alpha = weight_decay_shrink(cfg, step)  # both tables' groups share the table lr and decay
+    for name, weight in table_weights(model, learned_only=True).items():
         wt = weight.detach().float().cpu()
         c = counts[name]
         report = structure_stats(wt, wt - alpha * w0s[name], c, L, dP)
@@ -111,7 +109,7 @@ def end_of_run(trainer) -> dict:
         report["use"] = {}
         for kind, values in (("permute", wt[perm]), ("reset", w0s[name])):
             with weight_swapped(weight, values):
-                new = trainer._val_per_token()
+                new = task.val_per_token(model)
             report["use"][kind] = {m: paired_change(base, new, mask) for m, mask in masks.items()}
         p = report["use"]["permute"]["caption"]
         report["use_verdict"] = use_verdict(p["delta"], p["se"])[0]

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plelab.model.init import build_model, initial_normal
+from plelab.model.init import build_model, initial_normal, table_init_std
 from plelab.model.transformer import PLECausalLM
 from plelab.visual.text import PAD
 
@@ -77,7 +77,7 @@ class VisualPLEModel(nn.Module):
         ids = torch.cat([torch.zeros(b, p, dtype=captions.dtype, device=captions.device), captions], dim=1)
         if not pc.enabled:
             return ids, h, None
-        z_txt = tm.per_layer_token_embeddings(captions)
+        z_txt = tm.per_layer_embedding.token_part(tm.table_ids(captions))
         if self.num_ids and patch_ids is not None and not drop_image:
             z_img = self.visual_embed_tokens_per_layer(patch_ids) * pc.embed_scale
             z_img = z_img.view(b, p, *z_txt.shape[2:])
@@ -126,9 +126,8 @@ def build_visual_model(mc, pc, feature_dim: int, num_patches: int, num_ids: int,
         else:
             model.image_embed.copy_(initial_normal(IMAGE_EMBED, (mc.hidden_size,), seed, mc.initializer_range))
         if model.num_ids:
-            std = pc.table_init_std if pc.table_init_std is not None else mc.initializer_range
             table = model.visual_embed_tokens_per_layer.weight
-            table.copy_(initial_normal(VISUAL_TABLE, tuple(table.shape), seed, std))
+            table.copy_(initial_normal(VISUAL_TABLE, tuple(table.shape), seed, table_init_std(mc, pc)))
         for name, p in ((VISUAL_EMBED, model.visual_embed_tokens.weight if model.layer0 else None),
                         (VISUAL_HEAD, model.visual_lm_head.weight if model.visual_lm_head is not None else None)):
             if p is not None:

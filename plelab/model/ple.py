@@ -1,0 +1,188 @@
+"""The PLE mechanism as two modules built from plain numbers, for plelab's model and for yours.
+
+Equations (``ple_reference.md`` §1.2 and §1.4; Gemma 4 ``Gemma4TextModel`` plain form):
+
+    PerLayerEmbedding   e [B,T,H], table ids [B,T]  ->  P [B,T,L,dP]
+        z = s · T[ids]                  → [B,T,L,dP]    embed_tokens_per_layer  (s = sqrt(dP), Gemma)
+        c = RMSNorm_dP((W_m e) · H^-½)  → [B,T,L,dP]    per_layer_model_projection, per_layer_projection_norm
+        P = (c + z) · 2^-½
+
+    PerLayerInjection   h [B,T,H], p = P[:,:,l] [B,T,dP]  ->  branch [B,T,H]   (h ← h + branch)
+        gemma:          RMSNorm_H(W_p (gelu_tanh(W_g h) ⊙ p))   per_layer_input_gate, per_layer_projection,
+                                                                post_per_layer_input_norm
+        scalar/vector:  g ⊙ W_p p                               per_layer_gate (the seed's learned gate)
+        none:           W_p p
+
+Tensor names are HF Gemma's. A module built on its own holds its tensors under exactly those names
+(``PerLayerEmbedding().state_dict()`` has ``embed_tokens_per_layer.weight``, ...), so a Gemma 4
+checkpoint's ``model.*`` / ``model.layers.{l}.*`` entries load into it after stripping that prefix.
+With ``register_on=owner`` the tensors are registered on ``owner`` instead — flat, as Gemma keeps them
+on its text model and decoder layers — and the module reads them from there at every call: plelab's
+own model is built this way, so its ``state_dict`` keys are HF's and every name-keyed rule (seeded
+init, optimizer and accounting groups, the DDP ignore list, FSDP units, checkpoints) sees HF names.
+The module object is still the one to observe: forward hooks on it see ``(e, ids, token_part) -> P``
+and ``(h, p) -> branch``; its ``owner`` attribute is the module that holds its tensors (itself, or ``register_on``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plelab.config.schema import GATE_KINDS
+from plelab.model.layers import RMSNorm
+
+
+class HostToDevice(torch.autograd.Function):
+    """Copy looked-up table rows to the trunk's device (pinned + asynchronous to CUDA); the gradient goes back."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, device: torch.device) -> torch.Tensor:
+        ctx.source = rows.device
+        if device.type == "cuda" and rows.device.type == "cpu":
+            rows = rows.pin_memory()
+        return rows.to(device, non_blocking=True)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.to(ctx.source), None
+
+
+def token_table_ids(input_ids: torch.Tensor, table_rows: int) -> torch.Tensor:
+    """The table rows that token ids look up: ``input_ids [B,T]`` -> ``[B,T]``, ids >= ``table_rows`` -> row 0
+    (Gemma 3n's rule for a per-layer vocabulary smaller than the main one)."""
+    return torch.where(input_ids < table_rows, input_ids, torch.zeros_like(input_ids))
+
+
+class IIDTableIds:
+    """The null control's table ids (``ple.ids=iid``): every occurrence drawn i.i.d. from the real ids'
+    frequencies, so the rows a token looks up carry no information about it.
+
+    ``counts [Vp]``: how often each row is looked up by the real ids (training split).
+    """
+
+    def __init__(self, counts: torch.Tensor) -> None:
+        counts = counts.to(torch.float64)
+        self.probs = (counts / counts.sum()).float()
+
+    def draw(self, like: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Ids of ``like``'s shape on ``like``'s device; the draw happens where ``probs`` lives, from
+        ``generator`` (or the global generator of that device)."""
+        draws = torch.multinomial(self.probs, like.numel(), replacement=True, generator=generator)
+        return draws.view(like.shape).to(like.device)
+
+
+def keep_unregistered(owner: nn.Module, name: str, module: nn.Module | None) -> None:
+    """Keep ``module`` on ``owner`` as a plain attribute: its tensors are registered on ``owner`` already."""
+    object.__setattr__(owner, name, module)
+
+
+class PerLayerEmbedding(nn.Module):
+    """Per-layer inputs from the token-identity table and the model-level projection (see module doc).
+
+    ``vocab_size`` is Vp (HF ``vocab_size_per_layer_input``), ``dim`` is dP (``hidden_size_per_layer_input``).
+    ``embed_scale`` multiplies the lookup (None: Gemma's ``sqrt(dim)``). ``sparse`` gives the table sparse
+    row gradients (``nn.Embedding(sparse=True)``). A table kept on another device than ``e`` (host memory
+    under a GPU trunk) is read there: only the looked-up rows travel.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, num_layers: int, dim: int, *, eps: float = 1e-6,
+                 embed_scale: float | None = None, sparse: bool = False, register_on: nn.Module | None = None) -> None:
+        super().__init__()
+        owner = self if register_on is None else register_on
+        owner.embed_tokens_per_layer = nn.Embedding(vocab_size, num_layers * dim, sparse=sparse)
+        owner.per_layer_model_projection = nn.Linear(hidden_size, num_layers * dim, bias=False)
+        owner.per_layer_projection_norm = RMSNorm(dim, eps)
+        keep_unregistered(self, "owner", owner)
+        self.num_layers, self.dim = num_layers, dim
+        self.embed_scale = math.sqrt(dim) if embed_scale is None else embed_scale
+        self.projection_scale = hidden_size ** -0.5
+        self.input_scale = 2.0 ** -0.5
+        if register_on is None:
+            self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, table_std: float | None = None,
+                         generator: torch.Generator | None = None) -> None:
+        """HF's init convention: normal(0, std) projection, normal(0, table_std or std) table, norm weight 1."""
+        o = self.owner
+        o.embed_tokens_per_layer.weight.normal_(0.0, std if table_std is None else table_std, generator=generator)
+        o.per_layer_model_projection.weight.normal_(0.0, std, generator=generator)
+        o.per_layer_projection_norm.weight.fill_(1.0)
+
+    def token_part(self, table_ids: torch.Tensor) -> torch.Tensor:
+        """``z = s · T[ids]``: ``table_ids [B,T]`` -> ``[B,T,L,dP]``."""
+        table = self.owner.embed_tokens_per_layer
+        if table.weight.device != table_ids.device:
+            rows = HostToDevice.apply(table(table_ids.to(table.weight.device)), table_ids.device)
+        else:
+            rows = table(table_ids)
+        return (rows * self.embed_scale).view(*table_ids.shape, self.num_layers, self.dim)
+
+    def projection_part(self, inputs_embeds: torch.Tensor) -> torch.Tensor:
+        """``c = RMSNorm_dP((W_m e) · H^-½)``: ``inputs_embeds [B,T,H]`` -> ``[B,T,L,dP]``."""
+        o = self.owner
+        c = o.per_layer_model_projection(inputs_embeds) * self.projection_scale
+        return o.per_layer_projection_norm(c.view(*inputs_embeds.shape[:-1], self.num_layers, self.dim))
+
+    def forward(self, inputs_embeds: torch.Tensor, table_ids: torch.Tensor | None = None,
+                token_part: torch.Tensor | None = None) -> torch.Tensor:
+        """``P = (c + z) · 2^-½``: ``inputs_embeds [B,T,H]`` and ``table_ids [B,T]`` -> ``[B,T,L,dP]``.
+
+        ``token_part [B,T,L,dP]`` replaces the lookup ``z`` when given (e.g. rows of a visual table).
+        """
+        if token_part is None and table_ids is None:
+            raise ValueError("PerLayerEmbedding needs table_ids [B,T] (or a token_part [B,T,L,dP])")
+        c = self.projection_part(inputs_embeds)
+        z = self.token_part(table_ids) if token_part is None else token_part
+        return (c + z) * self.input_scale
+
+
+class PerLayerInjection(nn.Module):
+    """One layer's PLE branch, added to the residual stream after the MLP (see module doc).
+
+    ``gate``: ``gemma`` (Gemma 3n / 4), ``scalar`` / ``vector`` (the seed's learned gate, one number or
+    one per hidden unit, starting at ``gate_init``) or ``none``.
+    """
+
+    def __init__(self, hidden_size: int, dim: int, gate: str = "gemma", *, eps: float = 1e-6,
+                 gate_init: float = 1.0, register_on: nn.Module | None = None) -> None:
+        super().__init__()
+        if gate not in GATE_KINDS:
+            raise ValueError(f"unknown PLE gate {gate!r}: choose one of {', '.join(GATE_KINDS)}")
+        owner = self if register_on is None else register_on
+        owner.per_layer_projection = nn.Linear(dim, hidden_size, bias=False)
+        if gate == "gemma":
+            owner.per_layer_input_gate = nn.Linear(hidden_size, dim, bias=False)
+            owner.post_per_layer_input_norm = RMSNorm(hidden_size, eps)
+        elif gate in ("scalar", "vector"):
+            owner.per_layer_gate = nn.Parameter(torch.empty(1 if gate == "scalar" else hidden_size))
+        keep_unregistered(self, "owner", owner)
+        self.gate, self.gate_init = gate, gate_init
+        if register_on is None:
+            self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """HF's init convention: normal(0, std) matmul weights, norm weight 1, the learned gate at ``gate_init``."""
+        o = self.owner
+        o.per_layer_projection.weight.normal_(0.0, std, generator=generator)
+        if self.gate == "gemma":
+            o.per_layer_input_gate.weight.normal_(0.0, std, generator=generator)
+            o.post_per_layer_input_norm.weight.fill_(1.0)
+        elif self.gate in ("scalar", "vector"):
+            o.per_layer_gate.fill_(self.gate_init)
+
+    def forward(self, h: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """``h [B,T,H]``, ``p [B,T,dP]`` -> the branch ``[B,T,H]``."""
+        o = self.owner
+        if self.gate == "gemma":
+            u = F.gelu(o.per_layer_input_gate(h), approximate="tanh") * p
+            return o.post_per_layer_input_norm(o.per_layer_projection(u))
+        out = o.per_layer_projection(p)
+        if self.gate in ("scalar", "vector"):
+            out = out * o.per_layer_gate
+        return out

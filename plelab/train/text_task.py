@@ -1,0 +1,89 @@
+"""The text LM run: packed token windows, next-token CE, validation on fixed windows (the default kind).
+
+A batch: ``PackedSampler.batch(step)`` gives this rank's rows of the global batch ``[b, T+1]``; the model sees
+``window[:, :-1]`` with pre-shifted ``targets = window[:, 1:]`` and the table ids it looks up — the token ids
+(ids >= Vp -> 0) or, for the null control ``ple.ids=iid``, ids drawn i.i.d. from the real ids' frequencies
+with a generator seeded by ``(seed, step, rank, micro)`` (distinct, resumable draws).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from plelab.config.schema import RunConfig
+from plelab.data.pipeline import prepare_data
+from plelab.data.tokens import PackedSampler, TokenData, val_windows
+from plelab.model.init import build_model, param_seed
+from plelab.model.losses import window_losses
+from plelab.model.ple import IIDTableIds, token_table_ids
+from plelab.train.optim import optimizer_groups
+from plelab.train.task import Batch, RunEnv, Task, TaskKind, register_task_kind
+
+TEXT_ROWS_KEY = "diag.row_counts"
+
+
+class TextTask(Task):
+    def __init__(self, cfg: RunConfig, data: TokenData) -> None:
+        self.cfg, self.data = cfg, data
+        tc = cfg.train
+        self.sampler = PackedSampler(data.train, tc.seq_len, cfg.seed)
+        self.val = val_windows(data.val, tc.seq_len, tc.eval_batches * tc.batch_size)
+        self.tokens_per_step = tc.batch_size * tc.seq_len
+        self.table_rows = cfg.ple.resolved_vocab_size(cfg.model) if cfg.ple.enabled else 0
+        self.row_tables = {"text": (self.table_rows, TEXT_ROWS_KEY)} if self.table_rows else {}
+        self.iid: IIDTableIds | None = None
+
+    def bind(self, env: RunEnv) -> None:
+        super().bind(env)
+        if self.table_rows and self.cfg.ple.ids == "iid":
+            self.iid = IIDTableIds(torch.from_numpy(self.data.train_counts(self.table_rows)).to(env.device))
+
+    def build_model(self, table_device: str | None, table_sparse: bool) -> nn.Module:
+        c = self.cfg
+        return build_model(c.model, c.ple, seed=c.seed, device=self.env.device, table_device=table_device,
+                           table_sparse=table_sparse)
+
+    def param_groups(self, model: nn.Module) -> list[dict]:
+        return optimizer_groups(model, self.cfg.train)
+
+    def batch(self, step: int, micro: int, rows: slice) -> Batch:
+        x, y = self.sampler.batch(step, self.cfg.train.batch_size, rows)
+        x = x.to(self.env.device)
+        ids = None
+        if self.iid is not None:
+            gen = torch.Generator(device=self.env.device).manual_seed(
+                param_seed(self.cfg.seed, f"iid:{step}:{self.env.dist.rank}:{micro}"))
+            ids = self.iid.draw(x, gen)
+        elif self.table_rows:
+            ids = token_table_ids(x, self.table_rows)
+        return Batch({"input_ids": x, "targets": y.to(self.env.device), "table_ids": ids},
+                     {"text": ids} if ids is not None else {})
+
+    def loss(self, forward: Callable, batch: Batch) -> torch.Tensor:
+        return forward(batch.inputs["input_ids"], targets=batch.inputs["targets"],
+                       table_ids=batch.inputs["table_ids"]).loss
+
+    def evaluate(self, model: nn.Module, step: int) -> float:
+        """Mean next-token CE (nats) over the fixed validation windows (every rank runs all of them)."""
+        with self.env.autocast():
+            return float(window_losses(model, self.val, self.env.micro_batch, self.env.device, self.iid).mean())
+
+    def epochs(self, steps: int) -> float:
+        return self.sampler.epochs(steps, self.cfg.train.batch_size)
+
+    def diag_windows(self) -> torch.Tensor | None:
+        """Validation windows for the checkpoint use test of the text table (None: skip it)."""
+        n = self.cfg.train.diag_windows
+        return self.val[:n] if n else None
+
+
+def _describe(cfg: RunConfig, data: TokenData) -> str:
+    return f"{len(data.train):,} train / {len(data.val):,} validation tokens"
+
+
+register_task_kind(TaskKind(
+    name="text", prepare_data=prepare_data, make_task=TextTask, describe_data=_describe,
+    warm_caches=lambda cfg: prepare_data(cfg, progress=False)))
