@@ -15,12 +15,21 @@ Profiles: the default fits the 15-minute budget on a 2-core CPU; ``--quick`` is 
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plelab.config import resolve_config
+from plelab.data.pipeline import prepare_data
+from plelab.errors import ConfigError
+from plelab.model.accounting import account
+from plelab.report.sweep import write_report
 from plelab.report.tables import accounting_tables
+from plelab.report.visual import write_visual_report
+from plelab.runtime import available_cores
+from plelab.sweep.runner import run_sweep, say
+from plelab.sweep.spec import SweepSpec, dp_arms, merge_spec
+from plelab.visual.study import VISUAL_PROFILES, visual_spec
 
 
 @dataclass
@@ -53,14 +62,13 @@ PROFILES = {
 
 def run_demo(profile: str = "default", out: str | Path | None = None, data_path: str | None = None,
              jobs: int | None = None, progress: bool = True, log=None) -> Path:
-    from plelab.config import resolve_config
-    from plelab.data.pipeline import prepare_data
-    from plelab.model.accounting import account
-    from plelab.report.sweep import write_report
-    from plelab.runtime import available_cores
-    from plelab.sweep.runner import run_sweep, say
-    from plelab.sweep.spec import SweepSpec, dp_arms, merge_spec
-
+    """``plelab demo``: run the ``profile`` (default | quick | study | study-gpu) into ``out`` (default
+    ``runs/demo-PROFILE-DATE-TIME``; rerun to resume), on ``data_path`` instead of the embedded corpus if given,
+    with ``jobs`` worker processes (default one per core up to 8; 1 on a GPU). Returns the report's HTML file."""
+    if profile not in PROFILES:
+        raise ConfigError(f"unknown demo profile {profile!r}: choose one of {', '.join(PROFILES)}")
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     log = log or say
     started = time.perf_counter()
     prof = PROFILES[profile]
@@ -103,11 +111,6 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
 def run_visual_part(out: Path, profile: str, jobs: int, progress: bool, log) -> Path:
     """Visual PLE in brief: no visual table vs a DCT + K-means table vs the same with L_visual (λ = 0.5),
     and the IDs as targets only — paired, 3 seeds; the findings of its report."""
-    from plelab.report.visual import write_visual_report
-    from plelab.sweep.runner import run_sweep
-    from plelab.sweep.spec import merge_spec
-    from plelab.visual.study import VISUAL_PROFILES, visual_spec
-
     methods = ["none", "oracle"] if profile == "quick" else ["none", "dct-kmeans"]
     log(f"\nvisual PLE ({VISUAL_PROFILES[profile].about}): methods {', '.join(methods)}; the fix's 2×2 at λ = 0.5")
     spec = merge_spec(out, visual_spec(profile, methods, design="fix", lambdas=[0.5]))
@@ -122,29 +125,3 @@ def run_visual_part(out: Path, profile: str, jobs: int, progress: bool, log) -> 
         log("\nThe visual next-token fix" + fix[1].split("\n## ", 1)[0].rstrip())
     log(f"\nVisual report: {report}")
     return report
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    profile = next((p for p, on in (("quick", args.quick), ("study", args.study), ("study-gpu", args.study_gpu)) if on),
-                   "default")
-    from plelab.errors import ConfigError
-
-    if args.jobs is not None and args.jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
-    run_demo(profile, out=args.out, data_path=args.data, jobs=args.jobs, progress=not args.no_progress)
-    return 0
-
-
-def add_demo_parser(sub, config_args=None) -> None:
-    p = sub.add_parser("demo", help="the seed's accounting + a paired multi-seed dP study with diagnostics and report")
-    p.set_defaults(func=cmd_demo)
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--quick", action="store_true", help=f"the smoke test ({PROFILES['quick'].about})")
-    which.add_argument("--study", action="store_true",
-                       help=f"a real study: 5 dP × 6 seeds + all controls ({PROFILES['study'].about})")
-    which.add_argument("--study-gpu", action="store_true",
-                       help=f"the study at gpu-125m ({PROFILES['study-gpu'].about})")
-    p.add_argument("--data", help="your own text file or folder instead of the embedded corpus")
-    p.add_argument("--out", help="the sweep folder (default runs/demo-PROFILE-DATE-TIME; rerun to resume)")
-    p.add_argument("--jobs", type=int, help="worker processes (default: one per core, up to 8; 1 on a GPU)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -62,12 +62,114 @@ def test_console_entry_point_exit_code_and_no_traceback():
 
 def test_unforeseen_file_system_error_is_one_line(monkeypatch, capsys):
     import plelab.cli as cli
+    import plelab.cli.configs as configs
 
     def boom(args):
         raise PermissionError(13, "Permission denied", "/data/locked/file")
 
-    monkeypatch.setattr(cli, "cmd_presets", boom)
+    monkeypatch.setattr(configs, "cmd_presets", boom)
     assert cli.main(["presets"]) == 2
     err = capsys.readouterr().err
     assert err == ("plelab: error: cannot access /data/locked/file: Permission denied; check the path, its permissions "
                    "and the free disk space, then rerun (finished work is kept)\n")
+
+
+@pytest.mark.parametrize("argv", [["config"], ["params", "--dp", "0,64"]])
+def test_a_closed_pipe_ends_the_output_quietly(argv):
+    """``plelab config | head -1``: the reader goes before plelab has written everything — here before it writes
+    anything (it is still importing), so that the pipe is closed whatever the size of the output."""
+    proc = subprocess.Popen([sys.executable, "-m", "plelab", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 0 and err == ""
+
+
+def test_a_broken_pipe_elsewhere_is_still_an_error(monkeypatch, capsys):
+    import plelab.cli.configs as configs
+
+    def boom(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(configs, "cmd_presets", boom)
+    assert main(["presets"]) == 2  # stdout (captured here) is open: the pipe that broke is another one
+    assert capsys.readouterr().err.startswith("plelab: error: cannot access: Broken pipe")
+
+
+def test_train_validates_the_values_of_its_flags(tmp_path, capsys):
+    """Regression: --data / --text-field / --tokenizer used to be set after the config was validated."""
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "cpu-tiny", "--steps", "2", "--no-progress", "--text-field", "",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == "plelab: error: invalid config value data.text_field='': allowed a non-empty field name\n"
+    assert not out.exists()
+
+
+def test_train_takes_a_config_file_and_its_config_json_back(tmp_path, capsys):
+    toml = tmp_path / "tiny.toml"
+    toml.write_text('preset = "cpu-tiny"\nseed = 4\n\n[ple]\ndim = 8\n\n[train]\nsteps = 3\neval_every = 3\n'
+                    'checkpoint_every = 0\n')
+    first = tmp_path / "a"
+    assert main(["train", "--config", str(toml), "--set", "train.lr=0.002", "--no-progress", "--out", str(first)]) == 0
+    saved = json.loads((first / "config.json").read_text())
+    assert (saved["seed"], saved["ple"]["dim"], saved["train"]["steps"], saved["train"]["lr"]) == (4, 8, 3, 0.002)
+    capsys.readouterr()
+    assert main(["config", "--config", str(first / "config.json")]) == 0
+    assert json.loads(capsys.readouterr().out) == saved
+    assert main(["config", "--config", str(first / "config.json"), "--dp", "16", "--set", "seed=1"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert (again["ple"]["dim"], again["seed"], again["train"]["lr"]) == (16, 1, 0.002)
+
+
+def test_sweep_takes_a_config_file_as_its_base(tmp_path):
+    from plelab.cli import build_parser
+    from plelab.sweep.commands import dp_spec_from_args
+    from plelab.sweep.runner import run_config
+
+    toml = tmp_path / "base.toml"
+    toml.write_text('preset = "cpu-tiny"\n[model]\nhidden_size = 32\n[train]\nlr = 0.004\nsteps = 20\n')
+    args = build_parser().parse_args(["sweep", "--config", str(toml), "--set", "train.lr=0.005", "--dp", "0,8",
+                                      "--seeds", "2", "--out", str(tmp_path / "s")])
+    spec = dp_spec_from_args(args)
+    assert spec.preset == "cpu-tiny" and spec.overrides[:3] == ["model.hidden_size=32", "train.steps=20",
+                                                                "train.lr=0.004"]
+    cfg = run_config(spec, spec.arm("dp8"), 1)
+    assert (cfg.model.hidden_size, cfg.train.lr, cfg.train.steps, cfg.ple.dim, cfg.seed) == (32, 0.005, 20, 8, 1)
+
+
+def test_visual_study_takes_a_config_file_below_its_profile():
+    from plelab.config import config_file_overrides, resolve_config
+    from plelab.visual.study import visual_spec
+
+    preset, base = config_file_overrides({"model": {"hidden_size": 32}, "train": {"batch_size": 4}}, None, "cpu-tiny")
+    spec = visual_spec("quick", ["none", "oracle"], preset=preset, base=base, overrides=["train.lr=0.002"])
+    cfg = resolve_config(spec.preset, [*spec.overrides, *spec.arm("oracle").overrides])
+    # the file's hidden size stays; the quick profile's batch size (16) is the study's own; --set is on top
+    assert (cfg.model.hidden_size, cfg.train.batch_size, cfg.train.lr, cfg.visual.ids) == (32, 16, 0.002, "oracle")
+    assert visual_spec("quick", ["none", "oracle"]).overrides[0] == "visual.enabled=true"  # no file: as before
+
+
+def test_dp_is_one_flag_of_one_type(capsys):
+    """Every verb's --dp goes through the one parser: a list where several dP make sense, one integer elsewhere."""
+    from plelab.cli import build_parser
+
+    parser = build_parser()
+    lists = {"params": [], "sweep": ["--out", "x"]}
+    ones = {"config": [], "train": ["--out", "x"], "diagnose": ["run"], "advise": ["s"], "visual-study": []}
+    for verb, rest in lists.items():
+        assert parser.parse_args([verb, *rest, "--dp", "0,8"]).dp == [0, 8]
+    for verb, rest in ones.items():
+        assert parser.parse_args([verb, *rest, "--dp", "8"]).dp == 8
+        assert main([verb, *rest, "--dp", "0,8"]) == 2
+        assert capsys.readouterr().err.startswith("plelab: error: invalid --dp '0,8': give one integer, e.g. --dp 64")
+
+
+def test_nothing_below_the_cli_imports_argparse():
+    import re
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "plelab"
+    users = [str(p.relative_to(package)) for p in package.rglob("*.py")
+             if "cli" not in p.relative_to(package).parts and re.search(r"^\s*(import|from) argparse\b", p.read_text(),
+                                                                         re.M)]
+    assert users == []

@@ -1,22 +1,39 @@
-"""One config system: dataclasses (``schema``), named presets, typed CLI overrides."""
+"""One config system: dataclasses (``schema``), named presets, typed overrides, config files, and the one
+function that resolves a run's config from them (``resolve_run_config``)."""
 
-from plelab.config.overrides import all_keys, apply_overrides, config_from_dict, set_value
+from plelab.config.files import read_config_file
+from plelab.config.lists import parse_numbers
+from plelab.config.overrides import all_keys, apply_overrides, as_override, get_value, load_dict, set_value
+from plelab.config.overrides import keys_tagged as _keys_tagged
 from plelab.config.presets import PRESETS, get_preset
-from plelab.config.schema import GATE_KINDS, DataConfig, ModelConfig, PLEConfig, RunConfig, TrainConfig
+from plelab.config.resolve import config_file_overrides, resolve_config, resolve_run_config
+from plelab.config.schema import (
+    GATE_KINDS,
+    QUANTIZER_IDS,
+    VISUAL_IDS,
+    DataConfig,
+    ModelConfig,
+    PLEConfig,
+    RunConfig,
+    TrainConfig,
+    VisualConfig,
+)
+
+config_from_dict = RunConfig.from_dict
 
 
-def resolve_config(preset: str = "cpu-tiny", overrides: list[str] | None = None, **shortcuts) -> RunConfig:
-    """Preset -> ``section.key=value`` overrides -> shortcuts (``dp=64`` for ``ple.dim``; they win) -> validate."""
-    cfg = get_preset(preset)
-    apply_overrides(cfg, overrides or [])
-    keys = {"dp": "ple.dim", "gate": "ple.gate", "seed": "seed", "steps": "train.steps"}
-    for name, value in shortcuts.items():
-        if value is not None:
-            set_value(cfg, keys[name], value, from_text=isinstance(value, str))
-    return cfg.validate()
+def keys_tagged(tag: str) -> tuple[str, ...]:
+    """The :class:`RunConfig` keys tagged ``tag`` (``resume``, ``advise``, ``sweep_data``, ``visual_ids``,
+    ``quantizer_ids``; see :mod:`plelab.config.schema`): ``"model"`` for a whole section, else ``"train.seq_len"``."""
+    found = _keys_tagged(RunConfig, tag)
+    if not found:
+        raise ValueError(f"no config field is tagged {tag!r}")
+    return found
 
 
 __all__ = [
-    "GATE_KINDS", "PRESETS", "DataConfig", "ModelConfig", "PLEConfig", "RunConfig", "TrainConfig",
-    "all_keys", "apply_overrides", "config_from_dict", "get_preset", "resolve_config", "set_value",
+    "GATE_KINDS", "PRESETS", "QUANTIZER_IDS", "VISUAL_IDS", "DataConfig", "ModelConfig", "PLEConfig", "RunConfig",
+    "TrainConfig", "VisualConfig", "all_keys", "apply_overrides", "as_override", "config_file_overrides",
+    "config_from_dict", "get_preset", "get_value", "keys_tagged", "load_dict", "parse_numbers", "read_config_file",
+    "resolve_config", "resolve_run_config", "set_value",
 ]

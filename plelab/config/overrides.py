@@ -1,7 +1,12 @@
-"""Typed ``section.key=value`` overrides and dict loading for :class:`RunConfig`.
+"""Typed ``section.key=value`` overrides, dict loading and key lists for :class:`RunConfig`.
 
 Types come from the dataclass annotations, so a new config field is overridable from
-the CLI (``--set model.hidden_size=128``) and loadable from JSON with no extra code.
+the CLI (``--set model.hidden_size=128``) and loadable from JSON / TOML with no extra code.
+Which keys matter for what (resuming a run, advise's matching, the sweep's shared data,
+the visual IDs) is declared on the fields themselves (``field(metadata=tags(...))``) and
+read back by :func:`keys_tagged`.
+
+This module works on any config dataclass and imports none of them (``schema`` imports it).
 """
 
 from __future__ import annotations
@@ -10,45 +15,82 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, get_args, get_origin
 
-from plelab.config.schema import SECTIONS, RunConfig
 from plelab.errors import ConfigError
 
-_NONE_WORDS = {"none", "null"}
+NONE_WORDS = {"none", "null"}
 _TRUE_WORDS = {"true", "1", "yes", "on"}
 _FALSE_WORDS = {"false", "0", "no", "off"}
+_TAGS = "plelab.tags"
 
 
-def _hints(obj: Any) -> dict[str, Any]:
-    return typing.get_type_hints(type(obj))
+def tags(*names: str) -> dict:
+    """Field metadata naming the key lists a field belongs to, e.g. ``field(default=0, metadata=tags("resume"))``."""
+    return {_TAGS: frozenset(names)}
 
 
-def all_keys(cfg: RunConfig) -> list[str]:
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _sections(cls: type) -> dict[str, type]:
+    """The fields of a run config that are sections (dataclasses themselves), name -> class."""
+    hints = _hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}
+
+
+def all_keys(cfg: Any) -> list[str]:
     """Every overridable key, e.g. ``['seed', 'model.vocab_size', ...]``."""
+    sections = _sections(type(cfg))
     keys: list[str] = []
     for f in dataclasses.fields(cfg):
-        if f.name in SECTIONS:
-            keys += [f"{f.name}.{sf.name}" for sf in dataclasses.fields(getattr(cfg, f.name))]
+        if f.name in sections:
+            keys += [f"{f.name}.{sf.name}" for sf in dataclasses.fields(sections[f.name])]
         else:
             keys.append(f.name)
     return keys
 
 
-def _resolve(cfg: RunConfig, key: str) -> tuple[Any, str, Any]:
+def keys_tagged(cls: type, tag: str) -> tuple[str, ...]:
+    """The keys of run-config class ``cls`` whose field carries ``tag``, in declaration order: a tagged section
+    is one key (``"model"``: all of it), a tagged field inside a section is ``"section.field"``."""
+    sections = _sections(cls)
+    keys: list[str] = []
+    for f in dataclasses.fields(cls):
+        if tag in f.metadata.get(_TAGS, ()):
+            keys.append(f.name)
+        elif f.name in sections:
+            keys += [f"{f.name}.{sf.name}" for sf in dataclasses.fields(sections[f.name])
+                     if tag in sf.metadata.get(_TAGS, ())]
+    return tuple(keys)
+
+
+def _resolve(cfg: Any, key: str) -> tuple[Any, str, Any]:
     """Return (owner object, attribute name, annotated type) for a dotted key."""
+    sections = _sections(type(cfg))
     parts = key.split(".")
-    if len(parts) == 1 and parts[0] not in SECTIONS and parts[0] in _hints(cfg):
-        return cfg, parts[0], _hints(cfg)[parts[0]]
-    if len(parts) == 2 and parts[0] in SECTIONS:
+    if len(parts) == 1 and parts[0] not in sections and parts[0] in _hints(type(cfg)):
+        return cfg, parts[0], _hints(type(cfg))[parts[0]]
+    if len(parts) == 2 and parts[0] in sections:
         owner = getattr(cfg, parts[0])
-        hints = _hints(owner)
+        hints = _hints(type(owner))
         if parts[1] in hints:
             return owner, parts[1], hints[parts[1]]
         allowed = ", ".join(f"{parts[0]}.{k}" for k in hints)
         raise ConfigError(f"unknown config key {key!r}: allowed keys in {parts[0]} are {allowed}")
+    top = [name for name in _hints(type(cfg)) if name not in sections]
     raise ConfigError(f"unknown config key {key!r}: keys look like 'model.hidden_size'; sections are "
-                      + ", ".join(SECTIONS) + ", plus 'seed' and 'preset'")
+                      + ", ".join(sections) + ", plus " + " and ".join(f"'{name}'" for name in top))
+
+
+def get_value(cfg: Any, key: str) -> Any:
+    """The value of a dotted key (``"ple.dim"``), or of a whole section (``"model"``) as a dict."""
+    if key in _sections(type(cfg)):
+        return dataclasses.asdict(getattr(cfg, key))
+    owner, attr, _ = _resolve(cfg, key)
+    return getattr(owner, attr)
 
 
 def _type_name(typ: Any) -> str:
@@ -65,7 +107,7 @@ def _coerce(key: str, typ: Any, value: Any, from_text: bool) -> Any:
     origin = get_origin(typ)
     if origin in (typing.Union, types.UnionType):
         args = get_args(typ)
-        if type(None) in args and (value is None or (from_text and str(value).lower() in _NONE_WORDS)):
+        if type(None) in args and (value is None or (from_text and str(value).lower() in NONE_WORDS)):
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(key, inner[0], value, from_text)
@@ -113,12 +155,12 @@ def _coerce(key: str, typ: Any, value: Any, from_text: bool) -> Any:
     raise ConfigError(f"config key {key!r} has unsupported type {typ!r}")
 
 
-def set_value(cfg: RunConfig, key: str, value: Any, from_text: bool = False) -> None:
+def set_value(cfg: Any, key: str, value: Any, from_text: bool = False) -> None:
     owner, attr, typ = _resolve(cfg, key)
     setattr(owner, attr, _coerce(key, typ, value, from_text))
 
 
-def apply_overrides(cfg: RunConfig, assignments: list[str]) -> RunConfig:
+def apply_overrides(cfg: Any, assignments: Iterable[str]) -> Any:
     """Apply CLI assignments like ``['model.hidden_size=128', 'ple.gate=scalar']`` in order."""
     for item in assignments:
         if "=" not in item:
@@ -128,17 +170,34 @@ def apply_overrides(cfg: RunConfig, assignments: list[str]) -> RunConfig:
     return cfg
 
 
-def config_from_dict(d: Any) -> RunConfig:
-    """Rebuild a RunConfig from ``to_dict()`` output, checking every key and type."""
-    if not isinstance(d, dict):
-        raise ConfigError("a config must be a JSON object with sections " + ", ".join(SECTIONS))
-    cfg = RunConfig()
+def load_dict(cfg: Any, d: Any) -> Any:
+    """Set every key of ``d`` (the shape of ``to_dict()``, any subset of it) on ``cfg``, checking keys and types
+    (no text conversion: ``"64"`` is not an integer here)."""
+    sections = _sections(type(cfg))
+    if not isinstance(d, Mapping):
+        raise ConfigError("a config must be a JSON object (a TOML table) with sections " + ", ".join(sections))
     for top, value in d.items():
-        if top in SECTIONS:
-            if not isinstance(value, dict):
+        if top in sections:
+            if not isinstance(value, Mapping):
                 raise ConfigError(f"config section {top!r} must be an object, got {type(value).__name__}")
             for k, v in value.items():
                 set_value(cfg, f"{top}.{k}", v)
         else:
             set_value(cfg, top, value)
     return cfg
+
+
+def as_override(cfg: Any, key: str) -> str:
+    """``key=value`` for ``--set`` / a sweep's overrides that reads back as exactly ``cfg``'s value of ``key``."""
+    owner, attr, typ = _resolve(cfg, key)
+    value = getattr(owner, attr)
+    if value is None:
+        text = "none"
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    else:
+        text = repr(value) if isinstance(value, float) else str(value)
+    if _coerce(key, typ, text.strip(), from_text=True) != value:
+        raise ConfigError(f"{key}={value!r} cannot be written as an override (it would read back differently); "
+                          "give it without surrounding spaces and not as the text 'none'")
+    return f"{key}={text}"

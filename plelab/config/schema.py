@@ -1,9 +1,16 @@
 """Dataclass configs: model trunk, PLE, training, data — and the run config that holds them.
 
-Every field has a default and a one-line doc in ``FIELD_DOCS``-style comments; every
-section validates itself and raises :class:`~plelab.errors.ConfigError` with a one-line
-message naming the field and the allowed values. Configs are plain dataclasses so that
-they are importable without the CLI and serialise to JSON exactly (``to_dict``/``from_dict``).
+Every field has a default and a one-line comment; every section validates itself and raises
+:class:`~plelab.errors.ConfigError` with a one-line message naming the field and the allowed
+values. Configs are plain dataclasses so that they are importable without the CLI and serialise
+to JSON exactly (``to_dict``/``from_dict``). Choices are declared once, as ``Literal`` types (the
+``*_KINDS`` / ``*_IDS`` tuples are read from them). Field tags (``metadata=tags(...)``) say which keys
+a purpose compares (:func:`plelab.config.keys_tagged`):
+
+- ``resume``: what a resumed run must share with its checkpoint (it changes what a step computes);
+- ``advise``: what a configuration must share with a sweep for ``plelab advise`` to apply its measurements;
+- ``sweep_data``: what the prepared data of a run depend on (sweep runs with equal values share them);
+- ``visual_ids`` / ``quantizer_ids``: what a run's visual IDs depend on (the second only for online quantizers).
 """
 
 from __future__ import annotations
@@ -11,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
+from plelab.config.overrides import load_dict, tags
 from plelab.errors import ConfigError
 
 GateKind = Literal["gemma", "scalar", "vector", "none"]
@@ -22,12 +30,26 @@ TableOptimizer = Literal["adamw", "row-sparse"]
 TableDevice = Literal["auto", "cpu"]
 Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
-GATE_KINDS: tuple[str, ...] = ("gemma", "scalar", "vector", "none")
+QuantizerIds = Literal["vq", "lfq", "bsq"]
+VisualIds = Literal["none", "dct-kmeans", "siglip-kmeans", "random", "oracle", QuantizerIds]
+Injection = Literal["per-layer", "layer0"]
+GATE_KINDS: tuple[str, ...] = get_args(GateKind)
+VISUAL_IDS: tuple[str, ...] = get_args(VisualIds)
+QUANTIZER_IDS: tuple[str, ...] = get_args(QuantizerIds)
+
+_RESUME, _ADVISE, _DATA = tags("resume"), tags("advise"), tags("sweep_data")
+_RESUME_ADVISE = tags("resume", "advise")
 
 
 def _require(cond: bool, key: str, value: object, allowed: str) -> None:
     if not cond:
         raise ConfigError(f"invalid config value {key}={value!r}: allowed {allowed}")
+
+
+def _require_choice(value: object, key: str, choices) -> None:
+    """``value`` must be one of a ``Literal`` type's choices."""
+    allowed = get_args(choices)
+    _require(value in allowed, key, value, " | ".join(allowed))
 
 
 @dataclass
@@ -38,7 +60,7 @@ class ModelConfig:
     means ``hidden_size // num_attention_heads``.
     """
 
-    vocab_size: int = 512
+    vocab_size: int = field(default=512, metadata=_DATA)
     hidden_size: int = 64
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
@@ -87,25 +109,25 @@ class PLEConfig:
     """
 
     dim: int = 0
-    vocab_size: int | None = None
+    vocab_size: int | None = field(default=None, metadata=_ADVISE)
     # gemma: RMSNorm_H(W_p(gelu_tanh(W_g h) * p_l)); scalar/vector: g_l * W_p p_l (the seed's
     # form, learned scalar or H-vector g_l); none: W_p p_l.
-    gate: GateKind = "gemma"
+    gate: GateKind = field(default="gemma", metadata=_ADVISE)
     # Initial value of the learned gate g_l (scalar/vector gates only).
-    gate_init: float = 1.0
+    gate_init: float = field(default=1.0, metadata=_ADVISE)
     # Std of the per-layer table's init; None means model.initializer_range.
-    table_init_std: float | None = None
+    table_init_std: float | None = field(default=None, metadata=_ADVISE)
     # What keys the table: "token" (the real ids), or "iid" — a null control whose ids are drawn
     # i.i.d. for every occurrence from the real ids' frequencies, so that they carry no information.
-    ids: TableIds = "token"
+    ids: TableIds = field(default="token", metadata=_ADVISE)
     # Controls of the dP study: "learned" (trained), "frozen" (kept at its random init — is a gain a
     # regularisation side effect?), "zero" (all zeros, frozen: only the model-level projection path remains).
-    table: TableMode = "learned"
+    table: TableMode = field(default="learned", metadata=_ADVISE)
     # The lookup is multiplied by table_scale · sqrt(table_scale_dim or dim). Gemma: sqrt(dP), so the
     # table's share of the per-layer input and its effective step size grow with dP; a fixed
     # table_scale_dim holds both constant across dP (the scale-matched arm); table_scale > 1 boosts it.
-    table_scale: float = 1.0
-    table_scale_dim: int | None = None
+    table_scale: float = field(default=1.0, metadata=_ADVISE)
+    table_scale_dim: int | None = field(default=None, metadata=_ADVISE)
 
     @property
     def embed_scale(self) -> float:
@@ -123,9 +145,9 @@ class PLEConfig:
         _require(self.dim >= 0, "ple.dim", self.dim, "an integer >= 0 (0 = PLE off)")
         _require(self.vocab_size is None or self.vocab_size >= 2, "ple.vocab_size", self.vocab_size,
                  "an integer >= 2, or none for model.vocab_size")
-        _require(self.gate in GATE_KINDS, "ple.gate", self.gate, " | ".join(GATE_KINDS))
-        _require(self.ids in ("token", "iid"), "ple.ids", self.ids, "token | iid")
-        _require(self.table in ("learned", "frozen", "zero"), "ple.table", self.table, "learned | frozen | zero")
+        _require_choice(self.gate, "ple.gate", GateKind)
+        _require_choice(self.ids, "ple.ids", TableIds)
+        _require_choice(self.table, "ple.table", TableMode)
         _require(self.table_scale > 0, "ple.table_scale", self.table_scale, "a number > 0")
         _require(self.table_scale_dim is None or self.table_scale_dim >= 1, "ple.table_scale_dim",
                  self.table_scale_dim, "an integer >= 1, or none for ple.dim (Gemma's sqrt(dP))")
@@ -137,27 +159,27 @@ class PLEConfig:
 class TrainConfig:
     """Optimisation and loop settings."""
 
-    steps: int = 200
+    steps: int = field(default=200, metadata=_ADVISE)
     # Global batch in sequences per optimizer step, over all ranks and accumulation micro-steps.
-    batch_size: int = 8
+    batch_size: int = field(default=8, metadata=_RESUME_ADVISE)
     grad_accum: int = 1
-    seq_len: int = 64
-    lr: float = 3e-3
+    seq_len: int = field(default=64, metadata=_RESUME_ADVISE)
+    lr: float = field(default=3e-3, metadata=_ADVISE)
     # Learning rate and weight decay of the per-layer table's own parameter group.
     # None for table_lr means the same as lr; embedding tables get no weight decay by default.
-    table_lr: float | None = None
+    table_lr: float | None = field(default=None, metadata=_ADVISE)
     # Multiplies the table group's learning rate (the dP study's table-lr control arms).
-    table_lr_mult: float = 1.0
-    weight_decay: float = 0.1
-    table_weight_decay: float = 0.0
+    table_lr_mult: float = field(default=1.0, metadata=_ADVISE)
+    weight_decay: float = field(default=0.1, metadata=_ADVISE)
+    table_weight_decay: float = field(default=0.0, metadata=_ADVISE)
     # The per-layer table's update: "adamw" (dense, the default: earlier studies stay comparable) or
     # "row-sparse" (sparse row gradients, only the looked-up rows updated; plelab.train.sparse).
-    table_optimizer: TableOptimizer = "adamw"
+    table_optimizer: TableOptimizer = field(default="adamw", metadata=_RESUME)
     # Where the per-layer table and its optimizer state live: "auto" (with the trunk) or "cpu" (host
     # memory while the trunk runs on the accelerator; the batch's rows are copied over each step).
     table_device: TableDevice = "auto"
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.1
+    warmup_steps: int = field(default=20, metadata=_ADVISE)
+    min_lr_ratio: float = field(default=0.1, metadata=_ADVISE)
     grad_clip: float = 1.0
     # Steps with a non-finite loss or gradient that may be skipped (no update) before the run stops; 0 = stop
     # at the first (with the layer and step named). Skipped steps are logged and counted in summary.json; the
@@ -215,9 +237,8 @@ class TrainConfig:
         _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "train.device",
                  self.device, "auto | cpu | cuda | cuda:N")
         _require(self.threads >= 0, "train.threads", self.threads, "an integer >= 0 (0 = all cores)")
-        _require(self.table_optimizer in ("adamw", "row-sparse"), "train.table_optimizer", self.table_optimizer,
-                 "adamw | row-sparse")
-        _require(self.table_device in ("auto", "cpu"), "train.table_device", self.table_device, "auto | cpu")
+        _require_choice(self.table_optimizer, "train.table_optimizer", TableOptimizer)
+        _require_choice(self.table_device, "train.table_device", TableDevice)
         _require(self.parallel == "ddp" or (self.table_optimizer == "adamw" and self.table_device == "auto"),
                  "train.parallel", self.parallel, "ddp with train.table_optimizer=row-sparse or "
                  "train.table_device=cpu (FSDP2 shards the table densely)")
@@ -231,21 +252,16 @@ class DataConfig:
     """Where the training text comes from."""
 
     # None means the embedded default corpus (the interpreter's own documentation).
-    path: str | None = None
+    path: str | None = field(default=None, metadata=_ADVISE)
     # Field (JSONL) or column (Parquet, HF datasets) that holds the text.
     text_field: str = "text"
     # An existing tokenizer.json; None trains a byte-level BPE on the corpus (cached).
-    tokenizer: str | None = None
-    val_fraction: float = 0.05
+    tokenizer: str | None = field(default=None, metadata=_ADVISE)
+    val_fraction: float = field(default=0.05, metadata=_ADVISE)
 
     def validate(self) -> None:
         _require(0 < self.val_fraction < 1, "data.val_fraction", self.val_fraction, "a number in (0, 1)")
         _require(bool(self.text_field), "data.text_field", self.text_field, "a non-empty field name")
-
-
-VisualIds = Literal["none", "dct-kmeans", "siglip-kmeans", "random", "oracle", "vq", "lfq", "bsq"]
-VISUAL_IDS: tuple[str, ...] = ("none", "dct-kmeans", "siglip-kmeans", "random", "oracle", "vq", "lfq", "bsq")
-QUANTIZER_IDS: tuple[str, ...] = ("vq", "lfq", "bsq")
 
 
 @dataclass
@@ -264,36 +280,36 @@ class VisualConfig:
     stream and frozen — it ends identical to the online one, so the two arms differ only by the flips.
     """
 
-    enabled: bool = False
-    ids: VisualIds = "none"
-    k: int = 64
-    scenes: int = 4000
-    val_scenes: int = 400
-    data_seed: int = 0
-    image_size: int = 48
-    patch: int = 8
-    encoder_steps: int = 300
-    caption_len: int = 48
+    enabled: bool = field(default=False, metadata=_DATA)
+    ids: VisualIds = field(default="none", metadata=tags("sweep_data", "visual_ids"))
+    k: int = field(default=64, metadata=tags("sweep_data", "visual_ids"))
+    scenes: int = field(default=4000, metadata=_DATA)
+    val_scenes: int = field(default=400, metadata=_DATA)
+    data_seed: int = field(default=0, metadata=_DATA)
+    image_size: int = field(default=48, metadata=_DATA)
+    patch: int = field(default=8, metadata=_DATA)
+    encoder_steps: int = field(default=300, metadata=_DATA)
+    caption_len: int = field(default=48, metadata=_DATA)
     # False withholds the continuous patch features: image positions get one learned constant
     # embedding, so the image reaches the model only through the visual table (the redundancy ablation,
     # and the setting where the oracle control must win).
-    features: bool = True
+    features: bool = field(default=True, metadata=_DATA)
     # Users' image–caption pairs (.jsonl or a folder); None = the embedded scenes.
-    data: str | None = None
-    online: bool = True
-    quantizer_lr: float = 1e-3
-    quantizer_batch: int = 32
+    data: str | None = field(default=None, metadata=_DATA)
+    online: bool = field(default=True, metadata=tags("sweep_data", "quantizer_ids"))
+    quantizer_lr: float = field(default=1e-3, metadata=tags("sweep_data", "quantizer_ids"))
+    quantizer_batch: int = field(default=32, metadata=tags("sweep_data", "quantizer_ids"))
     # The visual next-token fix and the redundancy ablation (issue 8): ``table`` switches the visual
     # table keyed by the IDs on or off (the IDs may still be targets); ``injection`` is its form —
     # ``per-layer`` (the [K, L·dP] table through each layer's gate) or ``layer0`` (one [K, H] ID
     # embedding added to the image positions' input); ``loss_weight`` is λ in L = L_text + λ·L_visual,
     # L_visual the cross-entropy of a head over the K IDs predicting the next patch's ID (raster order).
     table: bool = True
-    injection: Literal["per-layer", "layer0"] = "per-layer"
+    injection: Injection = "per-layer"
     loss_weight: float = 0.0
 
     def validate(self) -> None:
-        _require(self.ids in VISUAL_IDS, "visual.ids", self.ids, " | ".join(VISUAL_IDS))
+        _require_choice(self.ids, "visual.ids", VisualIds)
         _require(self.k >= 2, "visual.k", self.k, "an integer >= 2")
         _require(self.scenes >= 16 and self.val_scenes >= 4, "visual.scenes", self.scenes,
                  "an integer >= 16 (and visual.val_scenes >= 4)")
@@ -307,7 +323,7 @@ class VisualConfig:
                  f"a power of two for visual.ids={self.ids} (K = 2^bits)")
         _require(self.quantizer_lr > 0, "visual.quantizer_lr", self.quantizer_lr, "a number > 0")
         _require(self.quantizer_batch >= 1, "visual.quantizer_batch", self.quantizer_batch, "an integer >= 1")
-        _require(self.injection in ("per-layer", "layer0"), "visual.injection", self.injection, "per-layer | layer0")
+        _require_choice(self.injection, "visual.injection", Injection)
         _require(math.isfinite(self.loss_weight) and self.loss_weight >= 0, "visual.loss_weight", self.loss_weight,
                  "a finite number >= 0 (λ of L_visual)")
         _require(self.loss_weight == 0 or self.ids != "none", "visual.loss_weight", self.loss_weight,
@@ -326,20 +342,17 @@ class VisualConfig:
         return self.ids != "none" and self.table and self.injection == "per-layer"
 
 
-SECTIONS: tuple[str, ...] = ("model", "ple", "train", "data", "visual")
-
-
 @dataclass
 class RunConfig:
     """Everything one run needs. Saved as ``RUN/config.json`` with every run."""
 
     preset: str = "cpu-tiny"
-    seed: int = 0
-    model: ModelConfig = field(default_factory=ModelConfig)
-    ple: PLEConfig = field(default_factory=PLEConfig)
+    seed: int = field(default=0, metadata=_RESUME)
+    model: ModelConfig = field(default_factory=ModelConfig, metadata=_RESUME_ADVISE)
+    ple: PLEConfig = field(default_factory=PLEConfig, metadata=_RESUME)
     train: TrainConfig = field(default_factory=TrainConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    visual: VisualConfig = field(default_factory=VisualConfig)
+    data: DataConfig = field(default_factory=DataConfig, metadata=_DATA)
+    visual: VisualConfig = field(default_factory=VisualConfig, metadata=_RESUME)
 
     def validate(self) -> RunConfig:
         _require(self.seed >= 0, "seed", self.seed, "an integer >= 0")
@@ -363,7 +376,6 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
-        """Build from a dict such as a saved ``config.json``; unknown keys and wrong types are errors."""
-        from plelab.config.overrides import config_from_dict
-
-        return config_from_dict(d)
+        """Build from a dict such as a saved ``config.json`` (keys it lacks keep their defaults); unknown keys
+        and wrong types are errors."""
+        return load_dict(cls(), d)

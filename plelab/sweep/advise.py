@@ -14,27 +14,41 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plelab.config import RunConfig
+from plelab.config import RunConfig, keys_tagged, resolve_config
 from plelab.errors import PlelabError
 from plelab.sweep import stats
 from plelab.sweep.analysis import analyse
 from plelab.sweep.results import collect
-
-# What must match for the sweep's measurements to apply (every other key is bookkeeping).
-_MATCH = [("model", None), ("ple", ("vocab_size", "gate", "gate_init", "table_init_std", "ids", "table", "table_scale",
-                                    "table_scale_dim")),
-          ("train", ("steps", "batch_size", "seq_len", "lr", "table_lr", "table_lr_mult", "weight_decay",
-                     "table_weight_decay", "warmup_steps", "min_lr_ratio")),
-          ("data", ("path", "tokenizer", "val_fraction"))]
+from plelab.sweep.spec import load_spec
 
 
 def _differences(measured: dict, target: dict) -> list[str]:
+    """What must match for the sweep's measurements to apply: the keys tagged ``advise`` in the config schema
+    (every other key is bookkeeping); a tagged section is compared key by key."""
     out = []
-    for section, keys in _MATCH:
-        for key in keys or measured[section]:
+    for tagged in keys_tagged("advise"):
+        section, _, name = tagged.partition(".")
+        for key in [name] if name else measured[section]:
             if measured[section].get(key) != target[section].get(key):
                 out.append(f"{section}.{key} {target[section].get(key)!r} (measured: {measured[section].get(key)!r})")
     return out
+
+
+def recommend(sweep: str | Path, *, dp: int | None = None, preset: str | None = None,
+              overrides: list[str] | tuple[str, ...] = ()) -> str:
+    """``plelab advise``: :func:`advise` for the sweep's own configuration, that configuration with ``overrides``
+    (``section.key=value``), or another ``preset`` (with ``overrides``) — refused where it differs from what the
+    sweep measured."""
+    root, target = Path(sweep), None
+    if preset or overrides:
+        spec = load_spec(root)
+        if spec is None:
+            raise PlelabError(f"{root} is not a plelab sweep (no sweep.json); give a sweep folder")
+        if preset:  # another configuration: compared as given
+            target = resolve_config(preset, list(overrides))
+        else:  # the sweep's own configuration with changes
+            target = resolve_config(spec.preset, [*spec.overrides, *overrides], steps=spec.steps)
+    return advise(root, target=target, dp=dp, target_name=preset or "that configuration")
 
 
 def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, target_name: str | None = None) -> str:

@@ -11,17 +11,21 @@ longer matches the run's fingerprint is refused.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import time
+from pathlib import Path
 
 import torch
 
 from plelab.errors import ConfigError, PlelabError
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
+def evaluate(path: str | Path, *, device: str = "auto", windows: int | None = None, batch: int | None = None,
+             table_in_memory: bool = False, progress: bool = True) -> dict:
+    """The validation loss of the run or checkpoint at ``path`` on ``windows`` validation windows (default: the
+    run's own, as in training), ``batch`` windows per forward pass (default: the run's micro-batch), the trunk on
+    ``device`` and the table memory-mapped (``table_in_memory``: read in). Returns ``{"checkpoint", "val_loss",
+    "windows", "device", "table_device", "table_memory_mapped", "load_seconds"}``."""
     from plelab.data.pipeline import prepare_data
     from plelab.data.tokens import val_windows
     from plelab.model.losses import window_losses
@@ -30,15 +34,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from plelab.runtime import resolve_device, setup_torch, uses_bf16
     from plelab.train.checkpoint import read_state
 
-    if (args.windows is not None and args.windows < 1) or (args.batch is not None and args.batch < 1):
+    if (windows is not None and windows < 1) or (batch is not None and batch < 1):
         raise ConfigError("--windows and --batch must be integers >= 1")
     setup_torch(0)
-    device = resolve_device(args.device)
-    ckpt = checkpoint_of(args.path)
+    device = resolve_device(device)
+    ckpt = checkpoint_of(path)
     t0 = time.perf_counter()
-    model, cfg = load_for_eval(ckpt, device=device, mmap_table=not args.table_in_memory)
+    model, cfg = load_for_eval(ckpt, device=device, mmap_table=not table_in_memory)
     load_s = time.perf_counter() - t0
-    data = prepare_data(cfg, progress=not args.no_progress)
+    data = prepare_data(cfg, progress=progress)
     state = read_state(ckpt, for_resume=False)
     trained_on = state.get("corpus_fingerprint")
     if trained_on is not None and trained_on != data.corpus_fingerprint:
@@ -48,35 +52,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if cfg.ple.enabled and cfg.ple.ids == "iid":
         vp = cfg.ple.resolved_vocab_size(cfg.model)
         iid = IIDTableIds(torch.from_numpy(data.train_counts(vp)).to(device))
-    n = args.windows if args.windows is not None else cfg.train.eval_batches * cfg.train.batch_size
-    windows = val_windows(data.val, cfg.train.seq_len, n)
+    n = windows if windows is not None else cfg.train.eval_batches * cfg.train.batch_size
+    chosen = val_windows(data.val, cfg.train.seq_len, n)
     # as the trainer evaluates: its micro-batch (the i.i.d. null's draws are seeded per chunk) and precision
-    batch = args.batch or max(1, cfg.train.batch_size // (cfg.train.grad_accum * state.get("world_size", 1)))
+    batch = batch or max(1, cfg.train.batch_size // (cfg.train.grad_accum * state.get("world_size", 1)))
     bf16 = uses_bf16(cfg.train.precision, device)
     with torch.no_grad(), (torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()):
-        losses = window_losses(model, windows, batch, device, iid)
+        losses = window_losses(model, chosen, batch, device, iid)
     table = model.model.embed_tokens_per_layer.weight if cfg.ple.enabled else None
-    out = {"checkpoint": str(ckpt), "val_loss": float(losses.mean()), "windows": len(windows),
-           "device": str(device), "table_device": str(table.device) if table is not None else None,
-           "table_memory_mapped": bool(cfg.ple.enabled and not args.table_in_memory), "load_seconds": load_s}
-    if args.json:
-        print(json.dumps(out, indent=1))
-    else:
-        where = ("memory-mapped on the host" if out["table_memory_mapped"] else f"in memory on {out['table_device']}"
-                 ) if table is not None else "no PLE table"
-        print(f"{ckpt}: validation loss {out['val_loss']:.4f} nats over {out['windows']} windows "
-              f"(trunk on {device}, table {where}; loaded in {load_s:.2f} s)")
-    return 0
-
-
-def add_eval_parser(sub) -> None:
-    p = sub.add_parser("eval", help="validation loss of a trained text model (per-layer table memory-mapped)")
-    p.add_argument("path", help="a run folder (its latest checkpoint) or a checkpoints/step-N folder")
-    p.add_argument("--device", default="auto", help="where the trunk runs: auto | cpu | cuda | cuda:N")
-    p.add_argument("--windows", type=int, help="validation windows (default: the run's own, as in training)")
-    p.add_argument("--batch", type=int, help="windows per forward pass (default: the run's micro-batch)")
-    p.add_argument("--table-in-memory", action="store_true",
-                   help="read the table into memory on --device instead of memory-mapping it")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=cmd_eval)
+    return {"checkpoint": str(ckpt), "val_loss": float(losses.mean()), "windows": len(chosen),
+            "device": str(device), "table_device": str(table.device) if table is not None else None,
+            "table_memory_mapped": bool(cfg.ple.enabled and not table_in_memory), "load_seconds": load_s}

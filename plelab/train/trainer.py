@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from plelab.config import keys_tagged
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import write_json
@@ -46,8 +47,6 @@ from plelab.train.rows import RowCounter
 from plelab.train.task import Batch, Observer, RunEnv, Task
 
 TABLE_WEIGHT = "model.embed_tokens_per_layer.weight"
-# Config keys that must match for a checkpoint to be resumed (they change what a step computes).
-_RESUME_KEYS = ("seed", "model", "ple", "train.batch_size", "train.seq_len", "train.table_optimizer", "visual")
 
 
 @dataclass
@@ -124,7 +123,7 @@ class Trainer:
         latest = found[-1] if found else None
         state = ckpt.read_state(latest) if latest is not None else None
         if state is not None:
-            ckpt.check_resumable(run, state, self.cfg, _RESUME_KEYS, self.data_fingerprint)
+            ckpt.check_resumable(run, state, self.cfg, keys_tagged("resume"), self.data_fingerprint)
             # tensors first: a checkpoint that does not load leaves config.json as it was
             ckpt.load_model_weights(self.model, latest)
             saved = ckpt.load_optimizer_state(self.model, self.opt, latest)

@@ -1,20 +1,35 @@
-"""``plelab visual-ids``: fit the offline visual tokenizers and their controls, and score the IDs."""
+"""The visual verbs as library functions: :func:`visual_ids` (fit the offline visual tokenizers and their
+controls, score the IDs) and :func:`visual_study` (the paired multi-seed study of visual-ID methods).
+
+Both take typed Python arguments; :mod:`plelab.cli.visual` converts the command line and prints.
+"""
 
 from __future__ import annotations
 
-import argparse
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from plelab.config import config_file_overrides
+from plelab.config.resolve import ConfigSource
 from plelab.errors import ConfigError, PlelabError
+from plelab.io import check_folder_target, ensure_dir
+from plelab.report.visual import write_visual_report
+from plelab.sweep.runner import run_sweep
+from plelab.sweep.spec import merge_spec
+from plelab.visual.data import VAL_SEED_OFFSET
+from plelab.visual.encoder import HFSiglipEncoder, encode_with, get_encoder
+from plelab.visual.ids import DCTKMeans, FeatureKMeans, OracleIDs, RandomIDs
+from plelab.visual.loader import load_image_captions, split_pairs
+from plelab.visual.metrics import id_report
+from plelab.visual.scenes import generate_scenes
+from plelab.visual.study import ABLATION_METHODS, DESIGNS, FIX_METHODS, LAMBDAS, METHODS, VISUAL_PROFILES, visual_spec
 
 
 def id_table(k: int, train, held_out, seed: int = 0, out: Path | None = None, encode=None) -> list[dict]:
     """Fit DCT + K-means, SigLIP-feature K-means (with ``encode``), the random control (DCT's
     frequencies) and the oracle (embedded scenes only) on ``train``; score each method's IDs on
     ``held_out``. Saves fitted tokenizers into ``out``."""
-    from plelab.visual.ids import DCTKMeans, FeatureKMeans, OracleIDs, RandomIDs
-    from plelab.visual.metrics import id_report
-
     labels = held_out.semantic_labels() if held_out.has_labels else None
     dct = DCTKMeans(k).fit(train, seed)
     methods = [dct]
@@ -43,108 +58,60 @@ def _check_safetensors_folder(path: Path) -> None:
                           "save_pretrained(..., safe_serialization=True) and pass that folder")
 
 
-def cmd_visual_ids(args: argparse.Namespace) -> int:
-    from plelab.report.tables import format_table
-    from plelab.visual.data import VAL_SEED_OFFSET
-    from plelab.visual.loader import load_image_captions, split_pairs
-    from plelab.visual.scenes import generate_scenes
-
-    if args.k < 2 or args.scenes < 10:
+def visual_ids(*, k: int = 64, scenes: int = 2000, seed: int = 0, image_size: int = 48, patch: int = 8,
+               data: str | None = None, siglip: str | None = None, out: str | Path | None = None, log=print) -> dict:
+    """Fit the offline tokenizers (:func:`id_table`) on the embedded scenes (``scenes`` of them, ``seed``) or on
+    image–caption pairs ``data``; with ``siglip`` (a local transformers SigLIP folder, safetensors only) the
+    feature K-means uses it, else a tiny ViT pretrained on the same data (cached). Saves the fitted tokenizers
+    into ``out``. Returns ``{"k", "patches" (held-out patches scored), "rows" (one per method)}``."""
+    if k < 2 or scenes < 10:
         raise ConfigError("--k must be >= 2 and --scenes >= 10")
-    if args.patch < 1 or args.image_size % args.patch or args.image_size < 2 * args.patch:
-        raise ConfigError(f"--image-size {args.image_size} must be a multiple of --patch {args.patch}, "
-                          "at least twice it")
-    if args.out:
-        from plelab.io import check_folder_target
-
-        check_folder_target(args.out, "--out", "give a writable folder for the fitted tokenizers")
-    if args.siglip:
-        _check_safetensors_folder(Path(args.siglip))
-    if args.data:
-        train, held = split_pairs(load_image_captions(args.data, args.image_size, args.patch))
+    if patch < 1 or image_size % patch or image_size < 2 * patch:
+        raise ConfigError(f"--image-size {image_size} must be a multiple of --patch {patch}, at least twice it")
+    if out:
+        check_folder_target(out, "--out", "give a writable folder for the fitted tokenizers")
+    if siglip:
+        _check_safetensors_folder(Path(siglip))
+    if data:
+        train, held = split_pairs(load_image_captions(data, image_size, patch))
     else:
-        train = generate_scenes(args.scenes, seed=args.seed, image_size=args.image_size, patch=args.patch)
-        held = generate_scenes(max(10, args.scenes // 5), seed=args.seed + VAL_SEED_OFFSET,
-                               image_size=args.image_size, patch=args.patch)
-    out = Path(args.out) if args.out else None
-    from plelab.visual.encoder import HFSiglipEncoder, encode_with, get_encoder
-
-    encoder = HFSiglipEncoder(args.siglip) if args.siglip else get_encoder(train, seed=args.seed, log=print)
+        train = generate_scenes(scenes, seed=seed, image_size=image_size, patch=patch)
+        held = generate_scenes(max(10, scenes // 5), seed=seed + VAL_SEED_OFFSET, image_size=image_size, patch=patch)
+    out = Path(out) if out else None
+    encoder = HFSiglipEncoder(siglip) if siglip else get_encoder(train, seed=seed, log=log)
     if out is not None:
-        from plelab.io import ensure_dir
-
         ensure_dir(out, "--out", "give a writable folder for the fitted tokenizers")
-    rows = id_table(args.k, train, held, args.seed, out, lambda images: encode_with(encoder, images))
-    m = held.num_patches * len(held)
-    table = [[r["method"], f"{r['utilisation']:.3f} (uniform {r['uniform_baseline']:.3f})",
-              f"{r['perplexity']:.1f} / {args.k}", f"{r['nmi']:.3f}" if "nmi" in r else "— (no labels)"]
-             for r in rows]
-    print(format_table(["method", "utilisation", "perplexity", "NMI with patch labels"], table,
-                       title=f"Visual IDs, K={args.k}, scored on {m:,} held-out patches (M/K = {m / args.k:.0f})"))
-    if out is not None:
-        print(f"fitted tokenizers saved in {out}/")
-    return 0
+    rows = id_table(k, train, held, seed, out, lambda images: encode_with(encoder, images))
+    return {"k": k, "patches": held.num_patches * len(held), "rows": rows}
 
 
-def cmd_visual_study(args: argparse.Namespace) -> int:
-    import time
-
-    from plelab.report.visual import write_visual_report
-    from plelab.sweep.runner import run_sweep
-    from plelab.sweep.spec import merge_spec
-    from plelab.visual.study import ABLATION_METHODS, FIX_METHODS, METHODS, visual_spec
-
-    defaults = {"tokenizers": METHODS, "fix": FIX_METHODS, "ablation": ABLATION_METHODS}[args.design]
-    methods = [m.strip() for m in args.methods.split(",")] if args.methods else list(defaults)
-    bad = [m for m in methods if m not in METHODS]
-    if bad or "none" not in methods:
-        raise ConfigError(f"invalid --methods {args.methods!r}: choose from {', '.join(METHODS)}, including none "
+def visual_study(out: str | Path | None = None, *, quick: bool = False, design: str = "tokenizers",
+                 methods: Sequence[str] | None = None, lambdas: Sequence[float] = LAMBDAS, features: bool = True,
+                 seeds: int | None = None, dp: int = 16, config: ConfigSource = None, overrides: Sequence[str] = (),
+                 jobs: int = 1, progress: bool = True) -> list[Path]:
+    """Run (or resume) the visual study in ``out`` (default ``runs/visual-PROFILE-DATE-TIME``) and write its
+    report; returns the report's files. ``design``: ``tokenizers`` | ``fix`` | ``ablation``; ``methods``
+    (always with ``none``; default the design's set); ``lambdas``: λ of L_visual for the fix; ``config``: a
+    JSON / TOML file (or dict) as the base below the study's profile, ``overrides`` (``section.key=value``) on
+    top of everything."""
+    if design not in DESIGNS:
+        raise ConfigError(f"invalid design {design!r}: choose from {', '.join(DESIGNS)}")
+    chosen = list(methods) if methods else list({"tokenizers": METHODS, "fix": FIX_METHODS,
+                                                 "ablation": ABLATION_METHODS}[design])
+    if any(m not in METHODS for m in chosen) or "none" not in chosen:
+        raise ConfigError(f"invalid --methods {','.join(chosen)!r}: choose from {', '.join(METHODS)}, including none "
                           "(the baseline every method is paired with)")
-    if args.seeds is not None and args.seeds < 1:
+    if seeds is not None and seeds < 1:
         raise ConfigError("--seeds must be >= 1")
-    try:
-        lambdas = [float(x) for x in args.lambdas.split(",")]
-    except ValueError:
-        lambdas = []
     if not lambdas or any(not lam > 0 for lam in lambdas):
-        raise ConfigError(f"invalid --lambdas {args.lambdas!r}: comma-separated numbers > 0, e.g. 0.1,0.5,1")
-    profile = "quick" if args.quick else "default"
-    out = Path(args.out) if args.out else Path("runs") / time.strftime(f"visual-{profile}-%Y%m%d-%H%M%S")
-    spec = merge_spec(out, visual_spec(profile, methods, dp=args.dp, seeds=args.seeds, design=args.design,
-                                       lambdas=lambdas, features=not args.no_features))
-    run_sweep(out, spec, jobs=args.jobs, progress=not args.no_progress)
-    paths = write_visual_report(out)
-    print("\n".join(f"wrote {p}" for p in paths))
-    return 0
-
-
-def add_visual_parsers(sub) -> None:
-    p = sub.add_parser("visual-ids", help="fit offline visual tokenizers (DCT + K-means) and score their IDs")
-    p.add_argument("--k", type=int, default=64, help="number of visual IDs, the same for every method (default 64)")
-    p.add_argument("--scenes", type=int, default=2000, help="embedded scenes to fit on (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="scene and K-means seed (default 0)")
-    p.add_argument("--image-size", type=int, default=48, help="image side in pixels (default 48)")
-    p.add_argument("--patch", type=int, default=8, help="patch side in pixels (default 8)")
-    p.add_argument("--data", help="your image–caption pairs (.jsonl or a folder) instead of the embedded scenes")
-    p.add_argument("--siglip", help="a local transformers SigLIP checkpoint folder for the feature K-means "
-                                    "(default: a tiny ViT SigLIP-pretrained on the same data, cached)")
-    p.add_argument("--out", help="save the fitted tokenizers (safetensors) into this folder")
-    p.set_defaults(func=cmd_visual_ids)
-
-    p = sub.add_parser("visual-study", help="paired multi-seed study of visual-ID methods (text-only loss)")
-    p.add_argument("--quick", action="store_true", help="the CI smoke test (tiny runs, 2 seeds)")
-    p.add_argument("--design", choices=("tokenizers", "fix", "ablation"), default="tokenizers",
-                   help="tokenizers: every method under the text-only loss (default); fix: the 2×2 of visual table "
-                        "on/off × L_visual on/off; ablation: features withheld, per-layer table vs layer-0 embedding")
-    p.add_argument("--methods", help="comma-separated, always with none: none, dct-kmeans, siglip-kmeans, random, "
-                                     "oracle, vq/lfq/bsq-online, vq/lfq/bsq-frozen (default: the design's set)")
-    p.add_argument("--lambdas", default="0.1,0.5,1", help="λ values of L_visual for --design fix (default 0.1,0.5,1)")
-    p.add_argument("--no-features", action="store_true",
-                   help="withhold the continuous patch features in every arm (the IDs are the image's only view; "
-                        "always so in --design ablation)")
-    p.add_argument("--seeds", type=int, help="seeds per method (default 3; 2 with --quick)")
-    p.add_argument("--dp", type=int, default=16, help="dP of the text and visual per-layer tables (default 16)")
-    p.add_argument("--out", help="the study folder (default runs/visual-PROFILE-DATE; rerun to resume)")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=cmd_visual_study)
+        raise ConfigError(f"invalid --lambdas {','.join(map(str, lambdas))!r}: comma-separated numbers > 0, "
+                          "e.g. 0.1,0.5,1")
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    profile = "quick" if quick else "default"
+    preset, base = config_file_overrides(config, None, VISUAL_PROFILES[profile].preset)
+    out = Path(out) if out else Path("runs") / time.strftime(f"visual-{profile}-%Y%m%d-%H%M%S")
+    spec = visual_spec(profile, chosen, dp=dp, seeds=seeds, design=design, lambdas=list(lambdas), features=features,
+                       preset=preset, base=base, overrides=list(overrides))
+    run_sweep(out, merge_spec(out, spec), jobs=jobs, progress=progress)
+    return write_visual_report(out)

@@ -111,12 +111,17 @@ def design_arms(design: str, methods, lambdas=LAMBDAS) -> tuple[list[Arm], list[
 
 
 def visual_spec(profile: str, methods=METHODS, dp: int = 16, seeds: int | None = None, design: str = "tokenizers",
-                lambdas=LAMBDAS, features: bool = True) -> SweepSpec:
+                lambdas=LAMBDAS, features: bool = True, preset: str | None = None, base: list[str] = (),
+                overrides: list[str] = ()) -> SweepSpec:
+    """The study's :class:`SweepSpec`: on ``preset`` (default the profile's) with ``base`` overrides (a config
+    file's, :func:`plelab.config.config_file_overrides`) below the study's own settings (dP, the profile, the
+    design) and ``overrides`` above them."""
     prof = VISUAL_PROFILES[profile]
     arms, shared = design_arms(design, methods, lambdas)
     if not features and "visual.features=false" not in shared:
         shared.append("visual.features=false")
-    return SweepSpec(preset=prof.preset, overrides=["visual.enabled=true", f"ple.dim={dp}", *prof.overrides, *shared],
+    return SweepSpec(preset=preset or prof.preset,
+                     overrides=[*base, "visual.enabled=true", f"ple.dim={dp}", *prof.overrides, *shared, *overrides],
                      arms=arms, seeds=list(range(seeds or prof.seeds)), steps=prof.steps, kind="visual",
                      baseline="none")
 

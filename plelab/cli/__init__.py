@@ -1,0 +1,80 @@
+"""The ``plelab`` command line. Thin: parse arguments, call the package's library functions, print.
+
+One module per verb group (:mod:`~plelab.cli.configs`: params / config / presets;
+:mod:`~plelab.cli.train`: train / eval / diagnose; :mod:`~plelab.cli.sweep`: sweep / report /
+advise / demo; :mod:`~plelab.cli.visual`: visual-ids / visual-study); nothing below this package
+imports argparse. The verb functions import their library when they run, so that a command pays
+only for what it uses.
+
+User errors (:class:`~plelab.errors.PlelabError` and argparse errors) print one line on
+stderr and exit with code 2; they never show a traceback. A closed pipe (``plelab config | head -1``)
+ends the output quietly with exit code 0.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+
+import plelab.visual  # noqa: F401  (registers the visual kind of run)
+from plelab import __version__
+from plelab.cli import configs, sweep, train, visual
+from plelab.cli.common import Parser
+from plelab.errors import PlelabError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="plelab", description="Per-Layer Embeddings lab: models, accounting, training, studies.")
+    parser.add_argument("--version", action="version", version=f"plelab {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for group in (configs, train, sweep, visual):
+        group.add_parsers(sub)
+    return parser
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (``| head``): its write end then polls as an error."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a file descriptor
+        return False
+    if not hasattr(select, "poll"):  # no poll() (Windows): a broken pipe on stdout is the likely one
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+
+
+def _os_error(err: OSError) -> int:
+    """A file-system failure no check foresaw: still one line, never a traceback."""
+    from plelab.io import os_reason
+
+    where = f" {err.filename}" if err.filename else ""
+    print(f"plelab: error: cannot access{where}: {os_reason(err)}; check the path, its permissions and the free "
+          "disk space, then rerun (finished work is kept)", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError as err:
+        if not _stdout_closed():
+            return _os_error(err)
+        # the reader has gone: what is left goes nowhere (the Python docs' recipe), the output ends quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except PlelabError as err:
+        print(f"plelab: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("plelab: interrupted", file=sys.stderr)
+        return 130
+    except OSError as err:
+        return _os_error(err)

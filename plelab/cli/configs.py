@@ -1,0 +1,73 @@
+"""``plelab params``, ``plelab config``, ``plelab presets``: configs and their exact parameter accounting."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from plelab.cli.common import config_args, config_settings, dp_list, dp_value
+from plelab.config import PRESETS, RunConfig, resolve_run_config
+
+
+def resolved(args: argparse.Namespace, **settings) -> RunConfig:
+    """The config the shared options describe (``--preset`` / ``--config`` / ``--set`` / ``--gate`` / ``--seed``),
+    with ``settings`` (config key -> value) on top."""
+    return resolve_run_config(args.preset, config=args.config, overrides=args.overrides,
+                              settings=config_settings(args, **settings))
+
+
+def cmd_params(args: argparse.Namespace) -> int:
+    from plelab.model.accounting import account
+    from plelab.report.tables import accounting_tables
+
+    base_cfg = resolved(args)
+    rows = []
+    for dp in sorted({0, *(args.dp or [base_cfg.ple.dim])}):
+        cfg = resolved(args, **{"ple.dim": dp})
+        rows.append(account(cfg.model, cfg.ple, cfg.train.seq_len))
+    if args.json:
+        print(json.dumps({"preset": base_cfg.preset, "rows": [r.to_dict() for r in rows]}, indent=2))
+    else:
+        m = base_cfg.model
+        vp = base_cfg.ple.resolved_vocab_size(m)
+        shape = (f"H={m.hidden_size}, L={m.num_hidden_layers}, V={m.vocab_size:,}, Vp={vp:,}, "
+                 f"gate={base_cfg.ple.gate}")
+        print(accounting_tables(base_cfg.preset, rows, shape))
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    print(json.dumps(resolved(args, **{"ple.dim": args.dp}).to_dict(), indent=2))
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from plelab.model.accounting import account
+    from plelab.report.tables import format_table
+
+    rows = []
+    for name, make in PRESETS.items():
+        cfg = make()
+        m = cfg.model
+        a = account(m, cfg.ple, cfg.train.seq_len)
+        rows.append([name, m.hidden_size, m.num_hidden_layers, f"{m.num_attention_heads}/{m.num_key_value_heads}",
+                     f"{m.vocab_size:,}", cfg.ple.dim, f"{a.base:,}", f"{a.total:,}"])
+    print(format_table(["preset", "H", "L", "heads q/kv", "V", "dP", "base params", "total params"], rows))
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("params", help="exact parameter accounting and FLOPs over dP values")
+    config_args(p)
+    p.add_argument("--dp", type=dp_list, help="comma-separated dP values, e.g. 0,64,128,256,512 (default: the "
+                                              "preset's)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.set_defaults(func=cmd_params)
+
+    p = sub.add_parser("config", help="print the resolved config (preset or --config, --set, flags) as JSON")
+    config_args(p)
+    p.add_argument("--dp", type=dp_value, help="dP (ple.dim)")
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("presets", help="list the named presets with their parameter counts")
+    p.set_defaults(func=cmd_presets)

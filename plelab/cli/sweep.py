@@ -1,0 +1,124 @@
+"""``plelab sweep``, ``plelab report``, ``plelab advise``, ``plelab demo``: the study engine's verbs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from plelab.cli.common import add_set, config_args, dp_list, dp_value, int_list, one_int
+from plelab.errors import ConfigError
+
+
+def variant(text: str) -> tuple[str, list[str]]:
+    """``--variant NAME:section.key=value[,section.key=value]`` -> ``(NAME, [overrides])``."""
+    name, sep, body = text.partition(":")
+    if not sep or not name or not body or not name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(f"invalid --variant {text!r}: write NAME:section.key=value[,section.key=value], "
+                          "e.g. scalar:ple.gate=scalar")
+    return name, [x.strip() for x in body.split(",") if x.strip()]
+
+
+def controls(text: str) -> list[str] | str:
+    """``--controls frozen,zero`` or ``--controls all``."""
+    return "all" if text == "all" else [c.strip() for c in text.split(",") if c.strip()]
+
+
+def write_sweep_report(root: Path) -> list[Path]:
+    """A sweep folder's report, the dP study's or the visual study's (by the kind in its sweep.json)."""
+    from plelab.io import check_folder_target
+    from plelab.report.sweep import write_report
+    from plelab.report.visual import write_visual_report
+    from plelab.sweep.spec import load_spec
+
+    spec = load_spec(root)
+    if spec is not None:
+        check_folder_target(root / "report", "report folder", "move it away and rerun plelab report")
+    return write_visual_report(root) if spec is not None and spec.kind == "visual" else write_report(root)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from plelab.sweep.commands import options_of, sweep
+
+    root = Path(args.out)
+    script = sweep(root, jobs=args.jobs, emit=args.emit, progress=not args.no_progress, **options_of(args))
+    if script is not None:
+        print(f"wrote {script}; when the runs are done: plelab report {root}")
+    elif not args.no_report:
+        print("\n".join(f"wrote {p}" for p in write_sweep_report(root)))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    print("\n".join(f"wrote {p}" for p in write_sweep_report(Path(args.sweep))))
+    return 0
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from plelab.sweep.advise import recommend
+
+    print(recommend(args.sweep, dp=args.dp, preset=args.preset, overrides=args.overrides))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from plelab.demo import run_demo
+
+    profile = next((p for p, on in (("quick", args.quick), ("study", args.study), ("study-gpu", args.study_gpu)) if on),
+                   "default")
+    run_demo(profile, out=args.out, data_path=args.data, jobs=args.jobs, progress=not args.no_progress)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    from plelab.demo import PROFILES  # for the help texts
+
+    p = sub.add_parser("sweep", help="a paired multi-seed dP study (arms × seeds), resumable, then its report")
+    config_args(p, preset="cpu-sweep", seed=False)
+    p.set_defaults(func=cmd_sweep)
+    p.add_argument("--dp", type=dp_list,
+                   help="comma-separated dP values including the baseline 0 (default 0 and the preset's)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per arm (default 3)")
+    p.add_argument("--seed-list", type=int_list("--seed-list", "0,1,2"),
+                   help="explicit comma-separated seeds instead of --seeds")
+    p.add_argument("--controls", type=controls, default=[],
+                   help="comma-separated controls: frozen, zero, matched, table-lr, boost, or all")
+    p.add_argument("--control-dp", type=one_int("--control-dp", "16"),
+                   help="the dP of the table-lr and boost controls (default: the middle)")
+    p.add_argument("--variant", dest="variants", type=variant, action="append", default=[],
+                   metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+                   help="an extra arm family crossed with every dP > 0, e.g. scalar:ple.gate=scalar")
+    p.add_argument("--steps", type=int, help="optimizer steps per run (equal token budget for every arm)")
+    p.add_argument("--data", help="your text instead of the embedded corpus (as for plelab train)")
+    p.add_argument("--delta", type=float, default=0.02,
+                   help="smallest effect of interest δ in nats for the equivalence tests (default 0.02)")
+    p.add_argument("--last-k", type=int, default=3, help="a run's loss = mean of its last k evaluations (default 3)")
+    p.add_argument("--out", required=True, help="the sweep folder (rerun the same command to resume or grow it)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (each gets cores/jobs threads)")
+    p.add_argument("--emit", choices=("torchrun", "slurm"),
+                   help="write per-run torchrun lines (commands.sh) or a Slurm array (sweep.sbatch) instead of running")
+    p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    p = sub.add_parser("report", help="write a sweep's report: HTML (self-contained) + Markdown + CSV/JSON")
+    p.add_argument("sweep", help="the sweep folder")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("advise", help="recommend dP from a finished sweep (never beyond what it measured)")
+    p.add_argument("sweep", help="the sweep folder")
+    p.add_argument("--dp", type=dp_value, help="ask about this dP instead")
+    p.add_argument("--preset", help="the configuration you want to use (default: the sweep's own)")
+    add_set(p, "that configuration's fields")
+    p.set_defaults(func=cmd_advise)
+
+    p = sub.add_parser("demo", help="the seed's accounting + a paired multi-seed dP study with diagnostics and report")
+    p.set_defaults(func=cmd_demo)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_true", help=f"the smoke test ({PROFILES['quick'].about})")
+    which.add_argument("--study", action="store_true",
+                       help=f"a real study: 5 dP × 6 seeds + all controls ({PROFILES['study'].about})")
+    which.add_argument("--study-gpu", action="store_true",
+                       help=f"the study at gpu-125m ({PROFILES['study-gpu'].about})")
+    p.add_argument("--data", help="your own text file or folder instead of the embedded corpus")
+    p.add_argument("--out", help="the sweep folder (default runs/demo-PROFILE-DATE-TIME; rerun to resume)")
+    p.add_argument("--jobs", type=int, help="worker processes (default: one per core, up to 8; 1 on a GPU)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
