@@ -20,7 +20,11 @@ _EXPORTS: dict[str, str] = {
     "PerLayerEmbedding": "plelab.model.ple", "PerLayerInjection": "plelab.model.ple",
     "IIDTableIds": "plelab.model.ple", "token_table_ids": "plelab.model.ple",
     # what the CLI verbs do
-    "train": "plelab.runs", "diagnose": "plelab.diagnostics.diagnose",
+    "train": "plelab.runs", "evaluate": "plelab.training.evaluate", "diagnose": "plelab.diagnostics.diagnose",
+    "sweep": "plelab.sweeps.commands", "report": "plelab.reports",
+    # the trainer's seams, for your own kinds of run and observers
+    "Trainer": "plelab.training.trainer", "TrainResult": "plelab.training.trainer", "Task": "plelab.training.task",
+    "Observer": "plelab.training.task", "TextTask": "plelab.training.text_task",
 }
 # packages that register kinds of run (and their studies) when imported: loaded before any verb is returned
 _PLUGINS = ("plelab.visual",)

@@ -4,7 +4,7 @@ corpus with its diagnostics and report.
 1. Exact PLE accounting of the seed's 3B model for dP in {0, 64, 128, 256, 512}.
 2. The embedded corpus (Python's own documentation), a BPE tokenizer trained on it, and the
    validation split's unigram entropy (the loss a context-free model cannot beat).
-3. A sweep (``plelab.sweep``): every dP arm × seeds, paired (same data order and initial trunk per
+3. A sweep (``plelab.sweeps``): every dP arm × seeds, paired (same data order and initial trunk per
    seed), the diagnostics at an early and the final checkpoint, then the report.
 4. Visual PLE in brief (``plelab.visual.study``, design ``fix``): no visual table, a DCT + K-means
    visual table, the same with the visual next-token loss (λ = 0.5), and the IDs as targets only.
@@ -23,12 +23,12 @@ from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
 from plelab.errors import ConfigError
 from plelab.model.accounting import account
-from plelab.report.sweep import write_report
-from plelab.report.tables import accounting_tables
-from plelab.report.visual import write_visual_report
+from plelab.reports.sweep import write_report
+from plelab.reports.tables import accounting_tables
+from plelab.reports.visual import write_visual_report
 from plelab.runtime import available_cores
-from plelab.sweep.runner import run_sweep, say
-from plelab.sweep.spec import SweepSpec, dp_arms, merge_spec
+from plelab.sweeps.runner import run_sweep, say
+from plelab.sweeps.spec import SweepSpec, dp_arms, merge_spec
 from plelab.visual.study import VISUAL_PROFILES, visual_spec
 
 

@@ -10,7 +10,7 @@ import pytest
 from safetensors.torch import load_file
 
 from plelab.cli import main
-from plelab.train.checkpoint import list_checkpoints
+from plelab.training.checkpoint import list_checkpoints
 
 TRAIN = ["train", "--preset", "cpu-tiny", "--steps", "45", "--no-progress",
          "--set", "train.checkpoint_every=10", "--set", "train.keep_checkpoints=2", "--set", "train.eval_every=15"]
@@ -126,7 +126,7 @@ def test_loading_weights_of_another_shape_is_refused(reference, tmp_path):
     from plelab.config import resolve_config
     from plelab.errors import PlelabError
     from plelab.model import build_model
-    from plelab.train.checkpoint import load_model_weights
+    from plelab.training.checkpoint import load_model_weights
 
     cfg = resolve_config("cpu-tiny", dp=32)
     model = build_model(cfg.model, cfg.ple)

@@ -123,8 +123,8 @@ def test_train_takes_a_config_file_and_its_config_json_back(tmp_path, capsys):
 
 def test_sweep_takes_a_config_file_as_its_base(tmp_path):
     from plelab.cli import build_parser
-    from plelab.sweep.commands import dp_spec_from_args
-    from plelab.sweep.runner import run_config
+    from plelab.sweeps.commands import dp_spec_from_args
+    from plelab.sweeps.runner import run_config
 
     toml = tmp_path / "base.toml"
     toml.write_text('preset = "cpu-tiny"\n[model]\nhidden_size = 32\n[train]\nlr = 0.004\nsteps = 20\n')

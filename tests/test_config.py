@@ -95,17 +95,17 @@ def test_all_keys_are_overridable():
 def test_tagged_key_lists_equal_the_lists_kept_by_hand_before():
     from plelab.config import VisualConfig, keys_tagged
 
-    # plelab/train/trainer.py's _RESUME_KEYS as it was written by hand
+    # plelab/training/trainer.py's _RESUME_KEYS as it was written by hand
     assert keys_tagged("resume") == ("seed", "model", "ple", "train.batch_size", "train.seq_len",
                                      "train.table_optimizer", "visual")
-    # plelab/sweep/advise.py's _MATCH as it was written by hand (model: every key)
+    # plelab/sweeps/advise.py's _MATCH as it was written by hand (model: every key)
     match = [("model", None), ("ple", ("vocab_size", "gate", "gate_init", "table_init_std", "ids", "table",
                                        "table_scale", "table_scale_dim")),
              ("train", ("steps", "batch_size", "seq_len", "lr", "table_lr", "table_lr_mult", "weight_decay",
                         "table_weight_decay", "warmup_steps", "min_lr_ratio")),
              ("data", ("path", "tokenizer", "val_fraction"))]
     assert keys_tagged("advise") == tuple(s if keys is None else f"{s}.{k}" for s, keys in match for k in keys or [s])
-    # plelab/sweep/runner.py's data_key: all of data, model.vocab_size, visual minus table / injection / loss_weight
+    # plelab/sweeps/runner.py's data_key: all of data, model.vocab_size, visual minus table / injection / loss_weight
     visual = [f"visual.{f.name}" for f in dataclasses.fields(VisualConfig)
               if f.name not in ("table", "injection", "loss_weight")]
     assert keys_tagged("sweep_data") == ("model.vocab_size", "data", *visual)

@@ -19,7 +19,7 @@ import torch
 
 from plelab.config import resolve_config
 from plelab.errors import PlelabError
-from plelab.train import checkpoint as ckpt
+from plelab.training import checkpoint as ckpt
 from plelab.runs import make_trainer
 
 

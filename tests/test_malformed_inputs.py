@@ -63,8 +63,8 @@ def work(tmp_path_factory):
     (w / "truncated.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": {\"dtype\"")
     save_file({"vision.weight": torch.zeros(4, 4)}, str(w / "foreign.safetensors"))
     assert main(["train", "--preset", "cpu-tiny", "--steps", "2", "--no-progress", "--out", str(w / "run")]) == 0
-    from plelab.sweep.runner import run_sweep
-    from plelab.sweep.spec import SweepSpec, dp_arms
+    from plelab.sweeps.runner import run_sweep
+    from plelab.sweeps.spec import SweepSpec, dp_arms
 
     sets = [TINY_SWEEP[i + 1] for i, x in enumerate(TINY_SWEEP) if x == "--set"]
     run_sweep(w / "sweep", SweepSpec(preset="cpu-tiny", overrides=sets, arms=dp_arms([0, 8]), seeds=[0, 1], steps=4),

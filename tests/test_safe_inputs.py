@@ -29,7 +29,7 @@ def test_one_huge_line_of_text_becomes_many_documents(tmp_path):
 
 @pytest.mark.parametrize("name", ["../x", "..", "/abs/path", "a/b", "a\\b", ".hidden", "", "a\x00b", "a\nb", 3])
 def test_names_cannot_leave_their_folder(name):
-    from plelab.sweep.spec import run_dir
+    from plelab.sweeps.spec import run_dir
 
     with pytest.raises(PlelabError, match="invalid arm name") as exc:
         run_dir(Path("sweep"), name, 0)

@@ -9,7 +9,7 @@ from torch import nn
 from plelab.cli import main
 from plelab.config import resolve_config
 from plelab.model import build_model
-from plelab.train.sparse import RowSparseAdamW, clip_with_norm, grad_norm
+from plelab.training.sparse import RowSparseAdamW, clip_with_norm, grad_norm
 
 
 def _pair(V=12, D=6, seed=0):
@@ -139,7 +139,7 @@ def test_ddp_leaves_the_row_sparse_table_to_the_trainer(tmp_path):
     """Under DDP the table is in DDP's ignore list (the trainer all-gathers its rows instead)."""
     import torch.distributed as dist
 
-    from plelab.train.distributed import DistInfo, wrap_model
+    from plelab.training.distributed import DistInfo, wrap_model
 
     cfg = resolve_config("cpu-tiny", [], dp=16)
     model = build_model(cfg.model, cfg.ple, seed=0)
@@ -161,7 +161,7 @@ def test_ddp_leaves_the_row_sparse_table_to_the_trainer(tmp_path):
     ([], False),
 ])
 def test_the_trainer_keeps_a_sparse_or_host_side_table_out_of_ddp(sets, ignored, monkeypatch, tiny_data):
-    import plelab.train.trainer as trainer_module
+    import plelab.training.trainer as trainer_module
     from plelab.runs import make_trainer
 
     seen = {}

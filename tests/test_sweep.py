@@ -16,9 +16,9 @@ from plelab.cli import main
 from plelab.data.tokens import PackedSampler
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
-from plelab.sweep.runner import jobs_of, run_config, run_state, run_sweep
-from plelab.sweep.spec import SweepSpec, dp_arms, load_spec, merge_spec
-from plelab.train.optim import optimizer_groups
+from plelab.sweeps.runner import jobs_of, run_config, run_state, run_sweep
+from plelab.sweeps.spec import SweepSpec, dp_arms, load_spec, merge_spec
+from plelab.training.optim import optimizer_groups
 
 TINY = ["train.eval_every=10", "train.early_checkpoint=10", "train.diag_every=5", "train.checkpoint_every=0",
         "train.diag_windows=16"]
@@ -164,7 +164,7 @@ def test_sweep_grows_but_refuses_changed_definitions(tmp_path):
     root = tmp_path / "g"
     spec = _spec(arms=dp_arms([0, 8]))
     merged = merge_spec(root, spec)
-    from plelab.sweep.spec import save_spec
+    from plelab.sweeps.spec import save_spec
 
     save_spec(root, merged)
     grown = merge_spec(root, _spec(arms=dp_arms([0, 8, 16]), seeds=[0, 1, 2]))
@@ -246,8 +246,8 @@ def test_sweep_command_reproduces_the_spec(tmp_path):
     import shlex
 
     from plelab.cli import build_parser
-    from plelab.sweep.commands import dp_spec_from_args
-    from plelab.sweep.spec import sweep_command
+    from plelab.sweeps.commands import dp_spec_from_args
+    from plelab.sweeps.spec import sweep_command
 
     argv = ["sweep", "--preset", "cpu-tiny", "--dp", "0,8,16", "--controls", "frozen,boost", "--control-dp", "8",
             "--variant", "sc:ple.gate=scalar", "--steps", "20", "--set", "train.lr=0.002", "--seed-list", "0,2",

@@ -9,10 +9,10 @@ import pytest
 
 from plelab.config import resolve_config
 from plelab.model.accounting import account
-from plelab.sweep import stats
-from plelab.sweep.analysis import analyse
-from plelab.sweep.results import RunResult, SweepResults
-from plelab.sweep.spec import SweepSpec, dp_arms
+from plelab.sweeps import stats
+from plelab.sweeps.analysis import analyse
+from plelab.sweeps.results import RunResult, SweepResults
+from plelab.sweeps.spec import SweepSpec, dp_arms
 
 
 def _synthetic(losses: dict[str, list[float]], controls=(), delta=0.02) -> SweepResults:

@@ -7,7 +7,7 @@ import torch
 from plelab.cli import main
 from plelab.config import resolve_config
 from plelab.data import PackedSampler, split_documents, val_windows
-from plelab.train.optim import lr_multiplier, optimizer_groups
+from plelab.training.optim import lr_multiplier, optimizer_groups
 from plelab.runs import train
 
 

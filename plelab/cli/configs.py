@@ -18,7 +18,7 @@ def resolved(args: argparse.Namespace, **settings) -> RunConfig:
 
 def cmd_params(args: argparse.Namespace) -> int:
     from plelab.model.accounting import account
-    from plelab.report.tables import accounting_tables
+    from plelab.reports.tables import accounting_tables
 
     base_cfg = resolved(args)
     rows = []
@@ -43,7 +43,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_presets(args: argparse.Namespace) -> int:
     from plelab.model.accounting import account
-    from plelab.report.tables import format_table
+    from plelab.reports.tables import format_table
 
     rows = []
     for name, make in PRESETS.items():

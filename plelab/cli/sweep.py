@@ -7,6 +7,7 @@ from pathlib import Path
 
 from plelab.cli.common import add_set, config_args, dp_list, dp_value, int_list, one_int
 from plelab.errors import ConfigError
+from plelab.reports import report
 
 
 def variant(text: str) -> tuple[str, list[str]]:
@@ -23,38 +24,25 @@ def controls(text: str) -> list[str] | str:
     return "all" if text == "all" else [c.strip() for c in text.split(",") if c.strip()]
 
 
-def write_sweep_report(root: Path) -> list[Path]:
-    """A sweep folder's report, the dP study's or the visual study's (by the kind in its sweep.json)."""
-    from plelab.io import check_folder_target
-    from plelab.report.sweep import write_report
-    from plelab.report.visual import write_visual_report
-    from plelab.sweep.spec import load_spec
-
-    spec = load_spec(root)
-    if spec is not None:
-        check_folder_target(root / "report", "report folder", "move it away and rerun plelab report")
-    return write_visual_report(root) if spec is not None and spec.kind == "visual" else write_report(root)
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from plelab.sweep.commands import options_of, sweep
+    from plelab.sweeps.commands import options_of, sweep
 
     root = Path(args.out)
     script = sweep(root, jobs=args.jobs, emit=args.emit, progress=not args.no_progress, **options_of(args))
     if script is not None:
         print(f"wrote {script}; when the runs are done: plelab report {root}")
     elif not args.no_report:
-        print("\n".join(f"wrote {p}" for p in write_sweep_report(root)))
+        print("\n".join(f"wrote {p}" for p in report(root)))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    print("\n".join(f"wrote {p}" for p in write_sweep_report(Path(args.sweep))))
+    print("\n".join(f"wrote {p}" for p in report(Path(args.sweep))))
     return 0
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    from plelab.sweep.advise import recommend
+    from plelab.sweeps.advise import recommend
 
     print(recommend(args.sweep, dp=args.dp, preset=args.preset, overrides=args.overrides))
     return 0

@@ -41,7 +41,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from plelab.train.evaluate import evaluate
+    from plelab.training.evaluate import evaluate
 
     out = evaluate(args.path, device=args.device, windows=args.windows, batch=args.batch,
                    table_in_memory=args.table_in_memory, progress=not args.no_progress)
@@ -58,7 +58,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from plelab.diagnostics.diagnose import diagnose
     from plelab.io import ensure_dir, os_reason
-    from plelab.report.diagnostics import diagnostics_text, plot_diagnostics, plot_run_history, write_json_report
+    from plelab.reports.diagnostics import diagnostics_text, plot_diagnostics, plot_run_history, write_json_report
 
     fix = "give a writable folder for diagnostics.json and the plots"
     if args.out:

@@ -9,7 +9,7 @@ from plelab.config import parse_numbers
 
 
 def cmd_visual_ids(args: argparse.Namespace) -> int:
-    from plelab.report.tables import format_table
+    from plelab.reports.tables import format_table
     from plelab.visual.commands import visual_ids
 
     res = visual_ids(k=args.k, scenes=args.scenes, seed=args.seed, image_size=args.image_size, patch=args.patch,

@@ -173,7 +173,7 @@ class TrainConfig:
     weight_decay: float = field(default=0.1, metadata=_ADVISE)
     table_weight_decay: float = field(default=0.0, metadata=_ADVISE)
     # The per-layer table's update: "adamw" (dense, the default: earlier studies stay comparable) or
-    # "row-sparse" (sparse row gradients, only the looked-up rows updated; plelab.train.sparse).
+    # "row-sparse" (sparse row gradients, only the looked-up rows updated; plelab.training.sparse).
     table_optimizer: TableOptimizer = field(default="adamw", metadata=_RESUME)
     # Where the per-layer table and its optimizer state live: "auto" (with the trunk) or "cpu" (host
     # memory while the trunk runs on the accelerator; the batch's rows are copied over each step).

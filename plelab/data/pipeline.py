@@ -14,7 +14,7 @@ from plelab.data.tokens import TokenData, prepare_tokens
 
 def prepare_data(cfg: RunConfig, progress: bool = True, dist=None) -> TokenData:
     from plelab.errors import PlelabError
-    from plelab.train.distributed import DistInfo, all_ranks_ok
+    from plelab.training.distributed import DistInfo, all_ranks_ok
 
     dist = dist or DistInfo()
 

@@ -35,7 +35,7 @@ from plelab.diagnostics.verdict import verdict
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
 from plelab.model.ple import IIDTableIds
-from plelab.train.optim import lr_multiplier, table_lr
+from plelab.training.optim import lr_multiplier, table_lr
 
 CKA_NULL_DRAWS = 20
 
@@ -111,7 +111,7 @@ class RunTable:
         if source.config is None:
             raise PlelabError(f"{source.file} is not a plelab run: --reference and --null take plelab runs")
         from plelab.data.pipeline import prepare_data
-        from plelab.train.checkpoint import read_state
+        from plelab.training.checkpoint import read_state
 
         self.source, self.cfg, self.step = source, source.config, source.step
         self.data = data or prepare_data(self.cfg, progress=False)
@@ -219,7 +219,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     use_layers: dict[int, dict] = {}
     if use:
         model = build_model(run.cfg.model, run.cfg.ple, seed=run.cfg.seed)
-        from plelab.train.checkpoint import load_model_weights
+        from plelab.training.checkpoint import load_model_weights
 
         load_model_weights(model, source.checkpoint)
         iid = (IIDTableIds(torch.from_numpy(run.data.train_counts(source.rows))) if run.cfg.ple.ids == "iid"

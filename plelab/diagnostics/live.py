@@ -17,7 +17,7 @@ from plelab.diagnostics.verdict import use_verdict
 from plelab.model.init import initial_normal, table_init_std
 from plelab.model.ple import IIDTableIds
 from plelab.model.transformer import PLECausalLM
-from plelab.train.task import Observer
+from plelab.training.task import Observer
 
 TABLE = "model.embed_tokens_per_layer.weight"
 

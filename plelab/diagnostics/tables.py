@@ -19,7 +19,7 @@ from safetensors import SafetensorError, safe_open
 from plelab.config.schema import RunConfig
 from plelab.errors import PlelabError
 from plelab.model.loading import tensor_location
-from plelab.train.checkpoint import list_checkpoints, read_state
+from plelab.training.checkpoint import list_checkpoints, read_state
 
 TABLE_SUFFIX = "embed_tokens_per_layer.weight"
 CHUNK_BYTES = 64 * 2**20

@@ -58,7 +58,7 @@ def mmap_tensor(file: str | Path, key: str) -> torch.Tensor:
 
 def checkpoint_of(path: str | Path) -> Path:
     """The checkpoint folder for a run folder (its latest) or a checkpoint folder."""
-    from plelab.train.checkpoint import list_checkpoints
+    from plelab.training.checkpoint import list_checkpoints
 
     path = Path(path)
     if not path.exists():
@@ -80,7 +80,7 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu",
     With ``mmap_table`` the table stays a read-only map of the file on the host (whatever ``device``);
     otherwise it is read into memory on ``device`` like every other tensor.
     """
-    from plelab.train.checkpoint import read_state
+    from plelab.training.checkpoint import read_state
 
     ckpt = checkpoint_of(path)
     cfg = RunConfig.from_dict(read_state(ckpt, for_resume=False)["config"])

@@ -14,9 +14,9 @@ from plelab.config import config_file_overrides
 from plelab.config.resolve import ConfigSource
 from plelab.errors import ConfigError, PlelabError
 from plelab.io import check_folder_target, ensure_dir
-from plelab.report.visual import write_visual_report
-from plelab.sweep.runner import run_sweep
-from plelab.sweep.spec import merge_spec
+from plelab.reports.visual import write_visual_report
+from plelab.sweeps.runner import run_sweep
+from plelab.sweeps.spec import merge_spec
 from plelab.visual.data import VAL_SEED_OFFSET
 from plelab.visual.encoder import HFSiglipEncoder, encode_with, get_encoder
 from plelab.visual.ids import DCTKMeans, FeatureKMeans, OracleIDs, RandomIDs

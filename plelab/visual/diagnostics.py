@@ -133,7 +133,7 @@ def load_run_tables(ckpt: Path) -> dict[str, tuple[torch.Tensor, np.ndarray]]:
     """``{table: (Δ [rows, L·dP], row counts)}`` from a visual run's checkpoint."""
     from safetensors import safe_open
 
-    from plelab.train.checkpoint import read_state
+    from plelab.training.checkpoint import read_state
 
     state = read_state(ckpt, for_resume=False)
     cfg = RunConfig.from_dict(state["config"])

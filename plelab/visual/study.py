@@ -8,7 +8,7 @@ done by ID flips is separated from the missing loss-side pressure. Every arm of 
 data, the frozen encoder, the LM's initial weights and the batch order, so caption-loss differences
 are paired. The analysis compares
 every arm with ``none`` on the caption loss and on the content-word loss (Holm within each family,
-paired t + TOST against δ, :mod:`plelab.sweep.stats`).
+paired t + TOST against δ, :mod:`plelab.sweeps.stats`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import numpy as np
 
 from plelab.config.schema import QUANTIZER_IDS
 from plelab.diagnostics.verdict import structure_verdict
-from plelab.sweep import stats
-from plelab.sweep.analysis import verdict_counts
-from plelab.sweep.results import SweepResults
-from plelab.sweep.spec import Arm, SweepSpec
+from plelab.sweeps import stats
+from plelab.sweeps.analysis import verdict_counts
+from plelab.sweeps.results import SweepResults
+from plelab.sweeps.spec import Arm, SweepSpec
 
 OFFLINE = ("none", "dct-kmeans", "siglip-kmeans", "random", "oracle")
 ONLINE = tuple(f"{q}-{mode}" for q in QUANTIZER_IDS for mode in ("online", "frozen"))

@@ -1,4 +1,4 @@
-"""The visual run as a :class:`~plelab.train.task.Task`: image–caption batches and
+"""The visual run as a :class:`~plelab.training.task.Task`: image–caption batches and
 :class:`~plelab.visual.model.VisualPLEModel` inside the shared trainer.
 
 A batch: scenes ``sampler.batch(step)`` → (frozen features, visual IDs, caption words); its loss is the
@@ -25,10 +25,10 @@ from torch import nn
 from plelab.config.schema import QUANTIZER_IDS, RunConfig
 from plelab.model.init import param_seed
 from plelab.model.ple import token_table_ids
-from plelab.train.optim import adamw_group, optimizer_groups, table_lr
-from plelab.train.rows import RowCounter
-from plelab.train.task import Batch, Task, TaskKind, register_task_kind
-from plelab.train.text_task import TEXT_ROWS_KEY
+from plelab.training.optim import adamw_group, optimizer_groups, table_lr
+from plelab.training.rows import RowCounter
+from plelab.training.task import Batch, Task, TaskKind, register_task_kind
+from plelab.training.text_task import TEXT_ROWS_KEY
 from plelab.visual.data import SceneSampler, VisualData, caption_losses, prepare_visual, warm_encoder
 from plelab.visual.diagnostics import COUNT_KEYS, end_of_run, gradient_per_row, table_weights
 from plelab.visual.flips import FlipMeter, flip_stats

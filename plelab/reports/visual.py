@@ -11,12 +11,12 @@ from pathlib import Path
 
 from plelab.diagnostics.verdict import LEARNED, NOT_DIST, UNUSED, USED
 from plelab.io import atomic_write, write_json
-from plelab.report.sweep import to_html, to_markdown
-from plelab.report.tables import ci_cell, csv_text, fmt
-from plelab.report.visual_fix import design_blocks
-from plelab.report.visual_plots import visual_plots
-from plelab.sweep import stats
-from plelab.sweep.results import collect
+from plelab.reports.sweep import to_html, to_markdown
+from plelab.reports.tables import ci_cell, csv_text, fmt
+from plelab.reports.visual_fix import design_blocks
+from plelab.reports.visual_plots import visual_plots
+from plelab.sweeps import stats
+from plelab.sweeps.results import collect
 from plelab.visual.study import visual_analysis
 
 

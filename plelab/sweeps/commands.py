@@ -1,8 +1,8 @@
 """The dP sweep as library functions: :func:`dp_spec` (what ``plelab sweep`` describes) and :func:`sweep` (run it).
 
 Both take typed Python arguments (lists, not comma-separated text); :mod:`plelab.cli.sweep` converts
-the command line. The report is :func:`plelab.report.sweep.write_report`; advice is
-:func:`plelab.sweep.advise.recommend`.
+the command line. The report is :func:`plelab.reports.sweep.write_report`; advice is
+:func:`plelab.sweeps.advise.recommend`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 from plelab.config import config_file_overrides, resolve_config
 from plelab.config.resolve import ConfigSource
 from plelab.errors import ConfigError
-from plelab.sweep.runner import emit_scripts, run_sweep
-from plelab.sweep.spec import CONTROLS, SweepSpec, dp_arms, load_spec, merge_spec
+from plelab.sweeps.runner import emit_scripts, run_sweep
+from plelab.sweeps.spec import CONTROLS, SweepSpec, dp_arms, load_spec, merge_spec
 
 DEFAULT_PRESET = "cpu-sweep"
 # dp_spec's arguments; plelab sweep's parsed options carry the same names

@@ -9,7 +9,7 @@ Groups (they partition the model's parameters; asserted):
 - ``ple_table``: ``embed_tokens_per_layer`` alone, with ``train.table_lr`` (× ``train.table_lr_mult``) and
   ``train.table_weight_decay`` (default 0). Absent when the table is frozen (``ple.table``).
   With ``train.table_optimizer=row-sparse`` the group is marked ``row_sparse`` and stepped row by row
-  (:mod:`plelab.train.sparse`); every other group is plain AdamW either way.
+  (:mod:`plelab.training.sparse`); every other group is plain AdamW either way.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch import nn
 
 from plelab.config.schema import TrainConfig
 from plelab.model.accounting import param_groups
-from plelab.train.sparse import RowSparseAdamW
+from plelab.training.sparse import RowSparseAdamW
 
 
 def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:

@@ -1,6 +1,6 @@
 """The seams of the trainer: a :class:`Task` says what a kind of run is, :class:`Observer` s watch it.
 
-The trainer (:mod:`plelab.train.trainer`) owns the loop, checkpoints, resume, metrics and the NaN diagnosis;
+The trainer (:mod:`plelab.training.trainer`) owns the loop, checkpoints, resume, metrics and the NaN diagnosis;
 a task owns everything else — the model and its parameter groups, the data, the loss, evaluation, its own
 state. One step, as the trainer runs it:
 
@@ -34,7 +34,7 @@ from plelab.model.ple import IIDTableIds
 
 @dataclass(frozen=True)
 class RunEnv:
-    """Where a run executes: its device, process group (``plelab.train.distributed.DistInfo``), micro-batch
+    """Where a run executes: its device, process group (``plelab.training.distributed.DistInfo``), micro-batch
     (sequences per forward on this rank) and whether forwards run under bf16 autocast."""
 
     device: torch.device

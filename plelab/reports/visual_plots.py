@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from plelab.report.sweep_plots import pyplot, save_figure
-from plelab.sweep.results import SweepResults
+from plelab.reports.sweep_plots import pyplot, save_figure
+from plelab.sweeps.results import SweepResults
 
 
 def _width(n: int) -> float:

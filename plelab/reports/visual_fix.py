@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from plelab.report.tables import ci_cell, fmt
-from plelab.sweep import stats
+from plelab.reports.tables import ci_cell, fmt
+from plelab.sweeps import stats
 
 
 def _by_arm(analysis: dict, metric: str) -> dict[str, dict]:

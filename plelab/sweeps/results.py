@@ -16,8 +16,8 @@ import numpy as np
 
 from plelab.errors import PlelabError
 from plelab.model.accounting import account
-from plelab.sweep.runner import RunJob, data_key, jobs_of, run_config, run_state
-from plelab.sweep.spec import SweepSpec, load_spec
+from plelab.sweeps.runner import RunJob, data_key, jobs_of, run_config, run_state
+from plelab.sweeps.spec import SweepSpec, load_spec
 
 SEED_TOKENS = 400e9  # the seed's training budget (400B tokens, V = 100,096)
 SEED_VOCAB = 100_096

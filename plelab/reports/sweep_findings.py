@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 import statistics
 
-from plelab.sweep import stats
-from plelab.sweep.results import SweepResults
-from plelab.sweep.spec import sweep_command
+from plelab.sweeps import stats
+from plelab.sweeps.results import SweepResults
+from plelab.sweeps.spec import sweep_command
 
 SEED_FIRST_STEP = "dP 64→128 (+8.98% → +17.96% of base parameters), loss 2.149 → 2.149"
 

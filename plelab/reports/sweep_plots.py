@@ -11,7 +11,7 @@ import numpy as np
 from scipy import stats as sps
 
 from plelab.io import atomic_write
-from plelab.sweep.results import SweepResults
+from plelab.sweeps.results import SweepResults
 
 _FAMILY_STYLE = {"dP": ("C0", "o", "main (Gemma)"), "frozen": ("C1", "s", "table frozen"),
                  "zero": ("C2", "^", "table zeroed"), "matched": ("C3", "D", "scale-matched")}

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 from plelab.io import atomic_write, write_json
-from plelab.report.sweep_findings import findings, required_seeds
-from plelab.report.sweep_plots import all_plots
-from plelab.report.tables import csv_text, fmt
-from plelab.sweep.analysis import analyse
-from plelab.sweep.results import SweepResults, collect, regime
-from plelab.sweep.spec import sweep_command
+from plelab.reports.sweep_findings import findings, required_seeds
+from plelab.reports.sweep_plots import all_plots
+from plelab.reports.tables import csv_text, fmt
+from plelab.sweeps.analysis import analyse
+from plelab.sweeps.results import SweepResults, collect, regime
+from plelab.sweeps.spec import sweep_command
 
 
 def _cmp_cells(c: dict | None) -> list[str]:

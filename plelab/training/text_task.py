@@ -19,8 +19,8 @@ from plelab.data.tokens import PackedSampler, TokenData, val_windows
 from plelab.model.init import build_model, param_seed
 from plelab.model.losses import window_losses
 from plelab.model.ple import IIDTableIds, token_table_ids
-from plelab.train.optim import optimizer_groups
-from plelab.train.task import Batch, RunEnv, Task, TaskKind, register_task_kind
+from plelab.training.optim import optimizer_groups
+from plelab.training.task import Batch, RunEnv, Task, TaskKind, register_task_kind
 
 TEXT_ROWS_KEY = "diag.row_counts"
 

@@ -32,7 +32,7 @@ def evaluate(path: str | Path, *, device: str = "auto", windows: int | None = No
     from plelab.model.loading import checkpoint_of, load_for_eval
     from plelab.model.ple import IIDTableIds
     from plelab.runtime import resolve_device, setup_torch, uses_bf16
-    from plelab.train.checkpoint import read_state
+    from plelab.training.checkpoint import read_state
 
     if (windows is not None and windows < 1) or (batch is not None and batch < 1):
         raise ConfigError("--windows and --batch must be integers >= 1")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from plelab.io import atomic_write
-from plelab.report.tables import format_table
+from plelab.reports.tables import format_table
 
 
 def _f(x, spec: str = ".3f") -> str:

@@ -1,4 +1,4 @@
-"""The study's conclusions from :class:`~plelab.sweep.results.SweepResults`: per-arm rows in the
+"""The study's conclusions from :class:`~plelab.sweeps.results.SweepResults`: per-arm rows in the
 seed's format, the Holm-corrected comparison families, the confound checks, and whether the
 early verdict predicted the final result.
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 
 from plelab.diagnostics.verdict import verdict
-from plelab.sweep import stats
-from plelab.sweep.results import SweepResults
+from plelab.sweeps import stats
+from plelab.sweeps.results import SweepResults
 
 
 def _compare(res: SweepResults, a: str, b: str, m: int = 1) -> stats.Comparison | None:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from plelab.config import RunConfig, keys_tagged, resolve_config
 from plelab.errors import PlelabError
-from plelab.sweep import stats
-from plelab.sweep.analysis import analyse
-from plelab.sweep.results import collect
-from plelab.sweep.spec import load_spec
+from plelab.sweeps import stats
+from plelab.sweeps.analysis import analyse
+from plelab.sweeps.results import collect
+from plelab.sweeps.spec import load_spec
 
 
 def _differences(measured: dict, target: dict) -> list[str]:

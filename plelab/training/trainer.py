@@ -1,8 +1,8 @@
 """The trainer: one run of one task, single process or under torchrun (DDP / FSDP2).
 
 What a kind of run is — model, parameter groups, batches, loss, evaluation, its own state — is the
-:class:`~plelab.train.task.Task`'s; what watches the run (live and at-checkpoint diagnostics) are
-:class:`~plelab.train.task.Observer` s. The trainer owns the rest: the loop, checkpoints, resume, metrics,
+:class:`~plelab.training.task.Task`'s; what watches the run (live and at-checkpoint diagnostics) are
+:class:`~plelab.training.task.Observer` s. The trainer owns the rest: the loop, checkpoints, resume, metrics,
 row counts and the NaN diagnosis.
 
 A step: the task's micro-batches (fixed for the step) -> ``task.loss`` under bf16 autocast where it wins ->
@@ -30,9 +30,9 @@ from plelab.io import write_json
 from plelab.model.accounting import flops_per_token
 from plelab.provenance import provenance
 from plelab.runtime import available_cores, resolve_device, seed_everything, setup_torch, uses_bf16
-from plelab.train import checkpoint as ckpt
-from plelab.train import sparse
-from plelab.train.distributed import (
+from plelab.training import checkpoint as ckpt
+from plelab.training import sparse
+from plelab.training.distributed import (
     all_ranks_ok,
     barrier,
     init_distributed,
@@ -40,11 +40,11 @@ from plelab.train.distributed import (
     sum_across_ranks,
     wrap_model,
 )
-from plelab.train.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
-from plelab.train.nonfinite import describe_nonfinite, stop_message
-from plelab.train.optim import adamw, lr_multiplier, set_lr
-from plelab.train.rows import RowCounter
-from plelab.train.task import Batch, Observer, RunEnv, Task
+from plelab.training.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
+from plelab.training.nonfinite import describe_nonfinite, stop_message
+from plelab.training.optim import adamw, lr_multiplier, set_lr
+from plelab.training.rows import RowCounter
+from plelab.training.task import Batch, Observer, RunEnv, Task
 
 TABLE_WEIGHT = "model.embed_tokens_per_layer.weight"
 

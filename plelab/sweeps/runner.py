@@ -33,7 +33,7 @@ from plelab.config.schema import QUANTIZER_IDS
 from plelab.errors import PlelabError
 from plelab.io import atomic_write, ensure_dir, write_json
 from plelab.runtime import available_cores
-from plelab.sweep.spec import Arm, SweepSpec, run_dir, save_spec
+from plelab.sweeps.spec import Arm, SweepSpec, run_dir, save_spec
 
 
 @dataclass

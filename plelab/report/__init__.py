@@ -1,1 +1,0 @@
-"""Human-readable output: tables for the terminal, reports for runs and sweeps."""

@@ -1,0 +1,39 @@
+"""Human-readable output: tables for the terminal, reports for runs and sweeps.
+
+:func:`report` writes a sweep folder's report, chosen by the kind in its ``sweep.json``: the dP study's
+(:func:`plelab.reports.sweep.write_report`) or one a study registered with :func:`register_report` (the visual
+study registers ``visual`` when ``plelab.visual`` is imported).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from plelab.errors import PlelabError
+from plelab.io import check_folder_target
+from plelab.reports.sweep import write_report
+from plelab.sweeps.spec import load_spec
+
+_WRITERS: dict[str, Callable[[Path], list[Path]]] = {"dp": write_report}
+
+
+def register_report(kind: str, writer: Callable[[Path], list[Path]]) -> None:
+    """``writer(root) -> written paths`` is the report of sweeps of ``kind``."""
+    _WRITERS[kind] = writer
+
+
+def report(sweep: str | Path) -> list[Path]:
+    """Write the report of the sweep folder ``sweep`` into ``sweep/report/``; returns the files written."""
+    root = Path(sweep)
+    spec = load_spec(root)
+    if spec is None:
+        return write_report(root)  # says in one line that this is not a sweep
+    check_folder_target(root / "report", "report folder", "move it away and rerun plelab report")
+    if spec.kind not in _WRITERS:
+        raise PlelabError(f"{root} is a '{spec.kind}' sweep and no report is registered for that kind; import the "
+                          "package that defines it (or use the plelab command)")
+    return _WRITERS[spec.kind](root)
+
+
+__all__ = ["register_report", "report"]
