@@ -19,7 +19,7 @@ from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
 from plelab.diagnostics.diagnose import weight_decay_shrink
 from plelab.diagnostics.live import checkpoint_diagnostics
-from plelab.train.trainer import Trainer
+from plelab.runs import make_trainer
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     for name, every in (("off", 0), ("on", args.every)):
         cfg = resolve_config(args.preset, ["train.checkpoint_every=0", "train.eval_every=100000",
                                            f"train.diag_every={every}"], steps=args.steps)
-        trainers[name] = Trainer(cfg, data, None, progress=False, log=lambda *a: None)
+        trainers[name] = make_trainer(cfg, data, None, progress=False, log=lambda *a: None)
     times = {"off": [], "on": [], "on_diag_steps": []}
     for _ in range(0, args.steps, args.block):
         for name, tr in trainers.items():
@@ -54,8 +54,8 @@ def main() -> None:
     print(f"live-diagnostics overhead: {100 * extra:.2f}% of training time (per-diag-step extra / steps between); "
           f"total-time ratio on/off {on / off:.3f}")
     tr = trainers["on"]
-    counts = tr.rows.counts.cpu().numpy()
-    windows = tr.val[:tr.cfg.train.diag_windows]
+    counts = tr.rows["text"].counts.cpu().numpy()
+    windows = tr.task.diag_windows()
     t0 = time.perf_counter()
     checkpoint_diagnostics(tr.model, tr.cfg, counts, weight_decay_shrink(tr.cfg, tr.step), windows, tr.device)
     ck = time.perf_counter() - t0

@@ -24,7 +24,7 @@ from common import machine
 from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
 from plelab.model import build_model
-from plelab.train import checkpoint as ckpt
+from plelab.training import checkpoint as ckpt
 
 CHILD = ("import json, sys; from plelab.cli import main; code = main(sys.argv[1:]); "
          "hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:')); "

@@ -1,7 +1,7 @@
 """GPU training throughput and MFU (bf16 autocast, torch.compile), and the table-placement checks.
 
 For a machine with a CUDA GPU; one short run, a few minutes. Prints, for the preset (default gpu-125m)
-at each dP: tokens/s and MFU against the device's dense bf16 peak (plelab.train.metrics.GPU_PEAK_BF16),
+at each dP: tokens/s and MFU against the device's dense bf16 peak (plelab.training.metrics.GPU_PEAK_BF16),
 median over the timed steps after warm-up (compilation excluded). Then checks on the same GPU that
 ``train.table_device=cpu`` (table and its optimizer state in host memory, rows copied over per step)
 gives the same losses as the on-device table with the row-sparse optimizer, and that
@@ -22,14 +22,14 @@ import torch
 
 from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
-from plelab.train.trainer import Trainer
+from plelab.runs import make_trainer
 
 
 def run(preset: str, dp: int, sets: list[str], steps: int, data=None):
     cfg = resolve_config(preset, ["train.checkpoint_every=0", "train.eval_every=1000000", "train.diag_every=0",
                                   *sets], dp=dp, steps=steps)
     data = data or prepare_data(cfg, progress=False)
-    tr = Trainer(cfg, data, None, progress=False, log=lambda *a: None)
+    tr = make_trainer(cfg, data, None, progress=False, log=lambda *a: None)
     return tr, data
 
 

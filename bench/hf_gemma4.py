@@ -51,7 +51,7 @@ def step_fn(model, x, y, hf: bool):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=False)
 
     def step():
-        out = model(input_ids=x, labels=x) if hf else model(x, labels=y)  # HF shifts labels itself
+        out = model(input_ids=x, labels=x) if hf else model(x, targets=y)  # HF shifts labels; targets are shifted
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

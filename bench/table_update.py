@@ -4,7 +4,7 @@ One table ``[V, L·dP]`` (default V=262,144, L=8, dP=256: 537M fp32 entries, 2 G
 of ``B×T`` token ids drawn from a Zipf(1.1) law over V (text-like: many repeats, a few thousand distinct
 rows). A timed update is: the lookup's backward into the table (dense: a ``[V, L·dP]`` gradient; sparse:
 the rows of the batch), ``optimizer.step()`` (``torch.optim.AdamW(foreach=False)`` vs
-:class:`plelab.train.sparse.RowSparseAdamW`), ``zero_grad``. The two optimizers share the table tensor
+:class:`plelab.training.sparse.RowSparseAdamW`), ``zero_grad``. The two optimizers share the table tensor
 and keep their own moments; the arms alternate for ``--repeats`` repeats. Memory is what each update
 holds beyond the table: the gradient plus the optimizer state (both keep dense moments: the saving is the
 gradient), and with ``--rss`` the peak resident memory of a fresh process doing 3 updates of one kind.
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from common import fmt_ci, machine, rotated
 
 from plelab.runtime import setup_torch
-from plelab.train.sparse import RowSparseAdamW, coalesce_sparse_grads
+from plelab.training.sparse import RowSparseAdamW, coalesce_sparse_grads
 
 
 def zipf_ids(V: int, n: int, seed: int = 0) -> torch.Tensor:

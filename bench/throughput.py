@@ -1,7 +1,7 @@
 """Training throughput over dP at one preset, CPU MFU against the fp32 matmul peak measured in this process.
 
 One trainer per dP (with ``--row-sparse`` also per dP > 0 with the row-sparse table update) — the real
-:class:`plelab.train.trainer.Trainer`, live diagnostics off, no checkpoints — on the embedded corpus.
+:class:`plelab.training.trainer.Trainer` (built by ``plelab.runs.make_trainer``), live diagnostics off, no checkpoints — on the embedded corpus.
 Each repeat runs ``--block`` steps of every trainer in rotated order and measures the GEMM peak once.
 Reports per arm: median step time, tokens/s, MFU (model FLOPs per token × tokens/s / peak; FLOPs =
 6·N_matmul + attention, the per-layer table excluded as a lookup) and the PLE overhead (step time vs
@@ -23,7 +23,7 @@ from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
 from plelab.model.accounting import flops_per_token
 from plelab.runtime import setup_torch
-from plelab.train.trainer import Trainer
+from plelab.runs import make_trainer
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
                                                        steps=total + 1) for d in dims if d > 0})
     names = list(arms)
     data = prepare_data(arms[names[0]], progress=False)
-    trainers = {k: Trainer(c, data, None, progress=False, log=lambda *a: None) for k, c in arms.items()}
+    trainers = {k: make_trainer(c, data, None, progress=False, log=lambda *a: None) for k, c in arms.items()}
     for tr in trainers.values():
         for _ in range(args.warmup):
             tr.train_step()

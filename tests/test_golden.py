@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from plelab.config import resolve_config
+from plelab.config import RunConfig, resolve_config
 from plelab.runs import train
 
 GOLDEN = Path(__file__).parent / "golden" / "cpu_tiny_losses.json"
@@ -34,3 +34,22 @@ def test_cpu_tiny_loss_curve_matches_golden(tiny_data):
                     "regenerate the curve deliberately for a new reference interpreter")
     assert result.train_losses == pytest.approx(golden["train_losses"], abs=5e-5, rel=0)
     assert [v for _, v in result.val_history] == pytest.approx([v for _, v in golden["val_history"]], abs=5e-5, rel=0)
+
+
+def test_a_checkpoint_written_before_the_architecture_step_resumes_and_reproduces(tmp_path):
+    """A run folder written by plelab 5bbdc23 (8 steps, checkpoint at 4, live diagnostics every 2 steps), cut at its
+    step-4 checkpoint, resumes with today's code and repeats the old run's steps 5-8 exactly: losses, gradient norms,
+    live diagnostics, validation loss and the checkpoint's structure + use diagnostics."""
+    import shutil
+
+    expected = json.loads((GOLDEN.parent / "pre_architecture_expected.json").read_text())
+    run = tmp_path / "run"
+    shutil.copytree(GOLDEN.parent / "pre_architecture_run", run)
+    cfg = RunConfig.from_dict(json.loads((run / "config.json").read_text()))
+    result = train(cfg, run, resume=True, progress=False, log=lambda *a: None)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [{k: v for k, v in r.items() if k not in ("tokens_per_second", "mfu")} for r in rows if r["step"] > 4]
+    assert rows == expected["rows_after_resume"]
+    assert result.final_val_loss == expected["final_val_loss"]
+    diagnostics = json.loads((run / "checkpoints" / "step-000008" / "diagnostics.json").read_text())
+    assert diagnostics == expected["final_diagnostics"]
