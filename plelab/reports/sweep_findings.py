@@ -24,8 +24,8 @@ def required_seeds(analysis: dict, delta: float, alpha: float, power: float = 0.
     return next((n for n in range(2, 201) if stats.mde(sd, n, alpha, power, m) <= delta), None)
 
 
-def _step(c: dict) -> str:
-    a, b = c["a"].removeprefix("dp"), c["b"].removeprefix("dp")
+def _step(c: dict, spec) -> str:
+    a, b = (f"{spec.arm(c[k]).x:g}" for k in ("a", "b"))
     if c["ci_low"] is None:
         return f"dP {a}→{b}: {c['label']} (Δ {c['mean']:+.4f}, n={c['n']})"
     return (f"dP {a}→{b}: **{c['label']}** (Δ {c['mean']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}], "
@@ -37,7 +37,7 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[str]:
     out = []
     cons = analysis["consecutive"]
     if cons:
-        out.append("Main curve, consecutive steps: " + "; ".join(_step(c) for c in cons) + ".")
+        out.append("Main curve, consecutive steps: " + "; ".join(_step(c, spec) for c in cons) + ".")
     vs = [c for c in analysis["vs_baseline"] if c["ci_low"] is not None]
     if vs:
         best = min(vs, key=lambda c: c["mean"])
@@ -48,7 +48,7 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[str]:
             out.append(f"No dP lowered the mean loss below the baseline (smallest Δ: {best['b']} {best['mean']:+.4f}).")
     dead = [c for c in cons if c["label"] == stats.EQUIVALENT]
     if dead:
-        out.append("Dead zone measured: " + "; ".join(_step(c) for c in dead)
+        out.append("Dead zone measured: " + "; ".join(_step(c, spec) for c in dead)
                    + f" — the loss change is shown to lie within ±{spec.delta} nats.")
     else:
         out.append(f"No dead zone is established: no consecutive step is shown equivalent within ±{spec.delta} nats "
@@ -68,11 +68,11 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[str]:
                     f"here (grow this sweep: `{sweep_command(spec, res.root, seeds=need)}`)")
         out.append(msg + ".")
     positive = sorted({int(a.x) for a in spec.arms if a.family == "dP" and a.x > 0})
-    first = next((c for c in cons if c["a"] == f"dp{positive[0]}"), None) if len(positive) > 1 else None
+    first = next((c for c in cons if c["a"] == spec.at("dP", positive[0])), None) if len(positive) > 1 else None
     if first is not None:
         out.append(f"The seed's dead zone was its first step, {SEED_FIRST_STEP}. The analogous step here (between the "
                    f"two smallest dP > 0), "
-                   f"{_step(first)}, does {'' if first['label'] == stats.EQUIVALENT else 'not '}reproduce it "
+                   f"{_step(first, spec)}, does {'' if first['label'] == stats.EQUIVALENT else 'not '}reproduce it "
                    "as a measured equivalence.")
     out.append(f"Regime: {reg['tokens_per_row']:,.0f} training tokens per table row here vs ≈"
                f"{reg['seed_tokens_per_row']:,.0f} in the seed, and {reg['base_params'] / 1e6:.2f}M vs 2,458M base "

@@ -76,9 +76,10 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
     lines = [f"Sweep {root}: preset {spec.preset}, measured dP {measured}, {len(spec.seeds)} seeds, "
              f"{base['train']['steps']} steps; δ = {spec.delta} nats."]
 
+    name = {d: spec.at("dP", d) for d in measured}
+
     def describe(d: int) -> str:
-        name = f"dp{d}"
-        c, a = vs.get(name), acc[name]
+        c, a = vs.get(name[d]), acc[name[d]]
         if c is None:
             return f"dP={d}: the baseline"
         per_m = -c["mean"] / (a["added"] / 1e6) if a["added"] else 0.0
@@ -88,22 +89,22 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
 
     if dp is not None:
         return "\n".join([*lines, describe(dp)])
-    gains = [d for d in measured if d > 0 and vs.get(f"dp{d}", {}).get("label") in (stats.DROP, stats.SMALL_DROP)
-             and vs[f"dp{d}"]["mean"] < 0]
+    gains = [d for d in measured if d > 0 and vs.get(name[d], {}).get("label") in (stats.DROP, stats.SMALL_DROP)
+             and vs[name[d]]["mean"] < 0]
     if not gains:
         lines.append("Recommendation: dP = 0. No measured dP lowered the validation loss significantly against the "
                      "baseline after Holm correction:")
         lines += [f"  {describe(d)}" for d in measured if d > 0]
-        mdes = [vs[f"dp{d}"]["mde"] for d in measured if d > 0 and vs.get(f"dp{d}", {}).get("mde") is not None]
+        mdes = [vs[name[d]]["mde"] for d in measured if d > 0 and vs.get(name[d], {}).get("mde") is not None]
         if mdes:
             lines.append(f"  With {len(spec.seeds)} seeds the smallest detectable gain is ≈{min(mdes):.4f} nats; a "
                          "smaller real gain would be missed — grow the sweep with more seeds before concluding.")
         return "\n".join(lines)
-    best = min(gains, key=lambda d: vs[f"dp{d}"]["mean"])
+    best = min(gains, key=lambda d: vs[name[d]]["mean"])
     cands = [d for d in gains if d < best]
-    seeds_ok = {d: res.seeds_of(f"dp{d}", f"dp{best}") for d in cands}
-    loss = {d: res.runs[f"dp{d}"] for d in [*cands, best]}
-    comps = stats.family([stats.paired(f"dp{d}", f"dp{best}",
+    seeds_ok = {d: res.seeds_of(name[d], name[best]) for d in cands}
+    loss = {d: res.runs[name[d]] for d in [*cands, best]}
+    comps = stats.family([stats.paired(name[d], name[best],
                                        [loss[best][s].loss - loss[d][s].loss for s in seeds_ok[d]],
                                        spec.delta, spec.alpha) for d in cands], steps=False)
     # the cheapest candidate that the best dP does not beat by more than δ
@@ -114,12 +115,13 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
         c = comps[cands.index(choice)]
         lines.append(f"  The best-measured dP={best} is not significantly better than dP={choice} (paired Δ "
                      f"{c.mean:+.4f}, '{c.label}'), and costs "
-                     f"+{acc[f'dp{best}']['added'] - acc[f'dp{choice}']['added']:,} more parameters.")
+                     f"+{acc[name[best]]['added'] - acc[name[choice]]['added']:,} more parameters.")
     for kind in ("zero", "frozen"):
-        c = next((c for c in analysis["controls"] if c["b"] == f"dp{choice}-{kind}"), None)
+        control = spec.at(kind, choice)
+        c = next((c for c in analysis["controls"] if c["b"] == control), None) if control else None
         if c is not None and c["ci_low"] is not None:
             what = "zeroed (only the per-layer matrices left)" if kind == "zero" else "frozen at its random init"
-            rest = vs[f"dp{choice}"]["mean"] + c["mean"]
+            rest = vs[name[choice]]["mean"] + c["mean"]
             lines.append(f"  With the table {what}, the loss at dP={choice} is {c['mean']:+.4f} [{c['ci_low']:+.4f}, "
                          f"{c['ci_high']:+.4f}] higher ('{c['label']}'): the learned table's own share; {rest:+.4f} "
                          "of the gain comes without it.")

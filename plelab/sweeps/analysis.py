@@ -140,7 +140,7 @@ def early_vs_final(res: SweepResults) -> dict:
     for arm in res.spec.arms:
         if arm.x <= 0 or arm.alias_of is not None or res.configs[arm.name]["ple"]["table"] != "learned":
             continue
-        zero = res.runs.get(f"dp{int(arm.x)}-zero", {})
+        zero = res.runs.get(res.spec.at("zero", arm.x), {})
         for seed, run in sorted(res.runs.get(arm.name, {}).items()):
             if seed not in base or not run.early_diag or "delta" not in run.early_diag:
                 continue

@@ -78,6 +78,11 @@ class SweepSpec:
                 return a
         raise KeyError(name)
 
+    def at(self, family: str, x: float) -> str | None:
+        """The name of the arm of ``family`` at position ``x`` (e.g. ``at("dP", 32)``, ``at("zero", 32)``), or None.
+        Arms are found by family and position, never by parsing their names."""
+        return next((a.name for a in self.arms if a.family == family and a.x == x), None)
+
     def runnable(self) -> list[Arm]:
         return [a for a in self.arms if a.alias_of is None]
 
