@@ -139,7 +139,8 @@ def test_ddp_leaves_the_row_sparse_table_to_the_trainer(tmp_path):
     """Under DDP the table is in DDP's ignore list (the trainer all-gathers its rows instead)."""
     import torch.distributed as dist
 
-    from plelab.training.distributed import DistInfo, wrap_model
+    from plelab.distributed import DistInfo
+    from plelab.training.parallel import wrap_model
 
     cfg = resolve_config("cpu-tiny", [], dp=16)
     model = build_model(cfg.model, cfg.ple, seed=0)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from plelab.config.schema import RunConfig
 from plelab.diagnostics.live import LiveDiagnostics
+from plelab.distributed import init_distributed, shutdown
 from plelab.runtime import resolve_device
 from plelab.training import text_task  # noqa: F401  (registers the text kind)
-from plelab.training.distributed import init_distributed, shutdown
 from plelab.training.task import Observer, Task, task_kind
 from plelab.training.trainer import Trainer, TrainResult
 
