@@ -217,7 +217,7 @@ def test_bad_table_settings_are_one_line_errors(sets, needle, capsys, tmp_path):
 
 
 def test_eval_with_a_memory_mapped_table_reproduces_the_runs_validation_loss(tmp_path, capsys):
-    from plelab.model.loading import load_for_eval
+    from plelab.training.loading import load_for_eval
 
     out, rows = _run(tmp_path, "run", "--table-optimizer", "row-sparse")
     capsys.readouterr()
