@@ -25,10 +25,10 @@ from plelab.errors import ConfigError
 from plelab.model.accounting import account
 from plelab.reports.sweep import write_report
 from plelab.reports.tables import accounting_tables
-from plelab.reports.visual import write_visual_report
 from plelab.runtime import available_cores
 from plelab.sweeps.runner import run_sweep, say
 from plelab.sweeps.spec import SweepSpec, dp_arms, merge_spec
+from plelab.visual.report import write_visual_report
 from plelab.visual.study import VISUAL_PROFILES, visual_spec
 
 

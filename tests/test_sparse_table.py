@@ -139,7 +139,8 @@ def test_ddp_leaves_the_row_sparse_table_to_the_trainer(tmp_path):
     """Under DDP the table is in DDP's ignore list (the trainer all-gathers its rows instead)."""
     import torch.distributed as dist
 
-    from plelab.training.distributed import DistInfo, wrap_model
+    from plelab.distributed import DistInfo
+    from plelab.training.parallel import wrap_model
 
     cfg = resolve_config("cpu-tiny", [], dp=16)
     model = build_model(cfg.model, cfg.ple, seed=0)
@@ -216,7 +217,7 @@ def test_bad_table_settings_are_one_line_errors(sets, needle, capsys, tmp_path):
 
 
 def test_eval_with_a_memory_mapped_table_reproduces_the_runs_validation_loss(tmp_path, capsys):
-    from plelab.model.loading import load_for_eval
+    from plelab.training.loading import load_for_eval
 
     out, rows = _run(tmp_path, "run", "--table-optimizer", "row-sparse")
     capsys.readouterr()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from plelab.reports.visual import findings
 from plelab.sweeps import stats
+from plelab.visual.report import findings
 
 
 def _analysis(label: str, visual_verdicts: list[list[str]], ci=(-0.05, 0.02)) -> dict:

@@ -10,12 +10,11 @@ from plelab.config.schema import RunConfig
 from plelab.data.sources import load_corpus
 from plelab.data.tokenizer import get_tokenizer
 from plelab.data.tokens import TokenData, prepare_tokens
+from plelab.distributed import DistInfo, all_ranks_ok
+from plelab.errors import PlelabError
 
 
 def prepare_data(cfg: RunConfig, progress: bool = True, dist=None) -> TokenData:
-    from plelab.errors import PlelabError
-    from plelab.training.distributed import DistInfo, all_ranks_ok
-
     dist = dist or DistInfo()
 
     def build() -> TokenData:

@@ -1,11 +1,9 @@
-"""Loading a trained model for evaluation or inference, with the per-layer table memory-mapped.
+"""Reading tensors of a safetensors file without loading it: where a tensor lies (from the header alone) and a
+tensor as a copy-on-write memory map of the file.
 
-The table is most of a PLE model's bytes (Gemma 3n E2B: 262,144 × 30·256 entries) and a step reads
-only the rows of its tokens. :func:`load_for_eval` maps ``embed_tokens_per_layer.weight`` straight
-from ``model.safetensors`` (copy-on-write ``mmap``: the page cache holds what was read, nothing is
-copied up front, nothing is allocated on the accelerator) and loads the rest of the model onto
-``device``; :meth:`plelab.model.transformer.PLETextModel.per_layer_token_embeddings` then gathers
-each batch's rows on the host and copies them over.
+The per-layer table is most of a PLE model's bytes and a step reads only the rows of its tokens:
+:func:`plelab.training.loading.load_for_eval` maps it from ``model.safetensors`` with :func:`mmap_tensor`, and the
+diagnostics stream it in row chunks from the offset :func:`tensor_location` gives.
 """
 
 from __future__ import annotations
@@ -15,12 +13,8 @@ import mmap
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
-from plelab.config.schema import RunConfig
 from plelab.errors import PlelabError
-from plelab.model.init import materialise
-from plelab.model.transformer import PLECausalLM
 
 TABLE_KEY = "model.embed_tokens_per_layer.weight"
 SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
@@ -54,68 +48,3 @@ def mmap_tensor(file: str | Path, key: str) -> torch.Tensor:
     for n in shape:
         count *= n
     return torch.frombuffer(buf, dtype=dtype, count=count, offset=offset).view(shape)
-
-
-def checkpoint_of(path: str | Path) -> Path:
-    """The checkpoint folder for a run folder (its latest) or a checkpoint folder."""
-    from plelab.training.checkpoint import list_checkpoints
-
-    path = Path(path)
-    if not path.exists():
-        raise PlelabError(f"{path} does not exist; give a run folder written by plelab train or one of its "
-                          "checkpoints/step-N folders")
-    if (path / "model.safetensors").exists():
-        return path
-    found = list_checkpoints(path)
-    if not found:
-        raise PlelabError(f"{path} holds no plelab checkpoint; give a run folder written by plelab train "
-                          "or one of its checkpoints/step-N folders")
-    return found[-1]
-
-
-def load_for_eval(path: str | Path, device: str | torch.device = "cpu",
-                  mmap_table: bool = True) -> tuple[PLECausalLM, RunConfig]:
-    """A trained text model in eval mode, ``(model, config)``, from a run or checkpoint folder.
-
-    With ``mmap_table`` the table stays a read-only map of the file on the host (whatever ``device``);
-    otherwise it is read into memory on ``device`` like every other tensor.
-    """
-    from plelab.training.checkpoint import read_state
-
-    ckpt = checkpoint_of(path)
-    cfg = RunConfig.from_dict(read_state(ckpt, for_resume=False)["config"])
-    if cfg.visual.enabled:
-        raise PlelabError(f"{ckpt} is a visual run; load_for_eval reads text models")
-    with torch.device("meta"):
-        model = PLECausalLM(cfg.model, cfg.ple)
-    tm = model.model
-    file = ckpt / "model.safetensors"
-    mapped = mmap_table and cfg.ple.enabled
-    materialise(model, device, None if mapped else device)
-    table = tm.embed_tokens_per_layer if mapped else None
-    try:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            saved = set(f.keys())
-            params = [(n, p) for n, p in model.named_parameters() if not (mapped and n == TABLE_KEY)]
-            missing = [n for n, _ in params if n not in saved]
-            if missing:
-                raise PlelabError(f"{file} lacks {missing[0]}; it does not fit the run's config")
-            with torch.no_grad():
-                for name, p in params:
-                    t = f.get_tensor(name)
-                    if tuple(t.shape) != tuple(p.shape):
-                        raise PlelabError(f"{file}: {name} has shape {tuple(t.shape)}, the config expects "
-                                          f"{tuple(p.shape)}")
-                    p.copy_(t)
-    except (SafetensorError, OSError) as err:
-        why = (str(err).splitlines() or [repr(err)])[0]
-        raise PlelabError(f"{file} is not a readable safetensors file ({why})") from None
-    if table is not None:
-        weight = mmap_tensor(file, TABLE_KEY)
-        expected = (tm.ple_vocab_size, cfg.model.num_hidden_layers * cfg.ple.dim)
-        if tuple(weight.shape) != expected:
-            raise PlelabError(f"{file}: {TABLE_KEY} has shape {tuple(weight.shape)}, the config expects {expected}")
-        table.weight = torch.nn.Parameter(weight, requires_grad=False)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model.eval(), cfg

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
 
+from plelab.data.pipeline import prepare_data
+from plelab.diagnostics.diagnose import RunTable, cka_against_null
+from plelab.diagnostics.tables import find_table
 from plelab.errors import PlelabError
 from plelab.model.accounting import account
 from plelab.sweeps.runner import RunJob, data_key, jobs_of, run_config, run_state
@@ -76,7 +81,8 @@ def _signal(row: dict | None) -> dict:
             **{f"{k}_layers": d[k] for k in ("grad_row_text", "grad_row_visual") if k in d}}
 
 
-def _checkpoint(path: Path, step: int) -> Path:
+def checkpoint_path(path: Path, step: int) -> Path:
+    """The folder of run ``path``'s checkpoint at ``step``."""
     return path / "checkpoints" / f"step-{step:06d}"
 
 
@@ -92,8 +98,6 @@ def _use(ckpt: Path) -> dict:
 
 
 def _occurrences(ckpt: Path) -> dict:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(ckpt / "optimizer.safetensors"), framework="pt") as f:
             if "diag.row_counts" not in f.keys():
@@ -128,26 +132,22 @@ def read_run(job: RunJob, last_k: int) -> RunResult:
         wall_seconds=wall, tokens_per_second=tps,
         signal=_signal(diag_rows[-1] if diag_rows else None), early_step=early, visual=summary.get("visual", {}))
     if job.cfg.ple.enabled:
-        final = _checkpoint(job.path, tc.steps)
+        final = checkpoint_path(job.path, tc.steps)
         result.final_diag = _use(final)
         result.occurrences = _occurrences(final)
         if early:
-            result.early_diag = _use(_checkpoint(job.path, early))
+            result.early_diag = _use(checkpoint_path(job.path, early))
             result.early_signal = _signal(next((r for r in reversed(diag_rows) if r["step"] <= early), None))
     return result
 
 
 def cross_seed_structure(jobs: list[RunJob], step: int, data_cache: dict) -> dict[int, dict]:
     """Per seed: CKA of this run's Δ with the next seed's (cyclic) against the permutation null."""
-    from plelab.data.pipeline import prepare_data
-    from plelab.diagnostics.diagnose import RunTable, cka_against_null
-    from plelab.diagnostics.tables import find_table
-
     if len(jobs) < 2 or jobs[0].cfg.ple.table != "learned" or not jobs[0].cfg.ple.enabled:
         return {}
     tables = {}
     for job in jobs:
-        ckpt = _checkpoint(job.path, step)
+        ckpt = checkpoint_path(job.path, step)
         if not ckpt.exists():
             return {}
         key = data_key(job.cfg)
@@ -162,6 +162,31 @@ def cross_seed_structure(jobs: list[RunJob], step: int, data_cache: dict) -> dic
         res = cka_against_null(a.delta[both].flatten(1), b.delta[both].flatten(1), a.counts[both], seed=s)
         out[s] = {k: res[k] for k in ("cka", "null_mean", "null_sd")}
     return out
+
+
+# How a sweep of one kind reads the cross-seed structure of an arm's runs: (the arm's finished jobs, a cache of
+# prepared data shared by the arms) -> {seed: {"early" / "final": structure}}.
+StructureReader = Callable[[list[RunJob], dict], dict[int, dict]]
+_STRUCTURE_READERS: dict[str, StructureReader] = {}
+
+
+def register_structure_reader(kind: str, reader: StructureReader) -> None:
+    """How :func:`collect` reads the cross-seed structure of a sweep of ``kind`` (the dP sweep's is below; the
+    visual study registers its own when ``plelab.visual`` is imported). A kind without one has none."""
+    _STRUCTURE_READERS[kind] = reader
+
+
+def dp_structure(jobs: list[RunJob], data_cache: dict) -> dict[int, dict]:
+    """The dP sweep's structure: :func:`cross_seed_structure` at the early checkpoint (if any) and the final one."""
+    cfg, out = jobs[0].cfg, {}
+    for when, step in (("early", cfg.train.early_checkpoint), ("final", cfg.train.steps)):
+        if step:
+            for seed, res in cross_seed_structure(jobs, step, data_cache).items():
+                out.setdefault(seed, {})[when] = res
+    return out
+
+
+register_structure_reader("dp", dp_structure)
 
 
 @dataclass
@@ -199,20 +224,12 @@ def collect(root: str | Path, structure: bool = True) -> SweepResults:
             continue
         runs.setdefault(job.arm.name, {})[job.seed] = read_run(job, spec.last_k)
         by_arm.setdefault(job.arm.name, []).append(job)
-    if structure and spec.kind == "visual":  # both tables of every seed's final checkpoint
-        from plelab.visual.diagnostics import cross_seed
-
-        for arm, jobs in by_arm.items():
-            for seed, tables in cross_seed({j.seed: _checkpoint(j.path, j.cfg.train.steps) for j in jobs}).items():
-                runs[arm][seed].structure["final"] = tables
-    if structure and spec.kind == "dp":
+    reader = _STRUCTURE_READERS.get(spec.kind) if structure else None
+    if reader is not None:
         cache: dict = {}
         for arm, jobs in by_arm.items():
-            cfg = jobs[0].cfg
-            for when, step in (("early", cfg.train.early_checkpoint), ("final", cfg.train.steps)):
-                if step:
-                    for seed, res in cross_seed_structure(jobs, step, cache).items():
-                        runs[arm][seed].structure[when] = res
+            for seed, found in reader(jobs, cache).items():
+                runs[arm][seed].structure.update(found)
     accounting, configs = {}, {}
     for arm in spec.arms:
         if arm.alias_of is not None and arm.alias_of in runs:

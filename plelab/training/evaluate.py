@@ -1,6 +1,6 @@
 """``plelab eval RUN``: the validation loss of a trained text model, its per-layer table memory-mapped.
 
-The model comes from :func:`plelab.model.loading.load_for_eval` (trunk on ``--device``, table mapped
+The model comes from :func:`plelab.training.loading.load_for_eval` (trunk on ``--device``, table mapped
 from ``model.safetensors`` on the host unless ``--table-in-memory``); the windows are the run's own
 validation windows from its corpus: by default exactly those the trainer evaluated on
 (``train.eval_batches × train.batch_size`` windows of ``train.seq_len``, in the run's micro-batches and
@@ -17,7 +17,14 @@ from pathlib import Path
 
 import torch
 
+from plelab.data.pipeline import prepare_data
+from plelab.data.tokens import val_windows
 from plelab.errors import ConfigError, PlelabError
+from plelab.model.losses import window_losses
+from plelab.model.ple import IIDTableIds
+from plelab.runtime import resolve_device, setup_torch, uses_bf16
+from plelab.training.checkpoint import read_state
+from plelab.training.loading import checkpoint_of, load_for_eval
 
 
 def evaluate(path: str | Path, *, device: str = "auto", windows: int | None = None, batch: int | None = None,
@@ -26,14 +33,6 @@ def evaluate(path: str | Path, *, device: str = "auto", windows: int | None = No
     run's own, as in training), ``batch`` windows per forward pass (default: the run's micro-batch), the trunk on
     ``device`` and the table memory-mapped (``table_in_memory``: read in). Returns ``{"checkpoint", "val_loss",
     "windows", "device", "table_device", "table_memory_mapped", "load_seconds"}``."""
-    from plelab.data.pipeline import prepare_data
-    from plelab.data.tokens import val_windows
-    from plelab.model.losses import window_losses
-    from plelab.model.loading import checkpoint_of, load_for_eval
-    from plelab.model.ple import IIDTableIds
-    from plelab.runtime import resolve_device, setup_torch, uses_bf16
-    from plelab.training.checkpoint import read_state
-
     if (windows is not None and windows < 1) or (batch is not None and batch < 1):
         raise ConfigError("--windows and --batch must be integers >= 1")
     setup_torch(0)

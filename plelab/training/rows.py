@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from plelab.training.distributed import sum_across_ranks
+from plelab.distributed import sum_across_ranks
 
 
 class RowCounter:

@@ -34,7 +34,7 @@ from plelab.model.ple import IIDTableIds
 
 @dataclass(frozen=True)
 class RunEnv:
-    """Where a run executes: its device, process group (``plelab.training.distributed.DistInfo``), micro-batch
+    """Where a run executes: its device, process group (``plelab.distributed.DistInfo``), micro-batch
     (sequences per forward on this rank) and whether forwards run under bf16 autocast."""
 
     device: torch.device

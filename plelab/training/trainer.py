@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from plelab.config import keys_tagged
+from plelab.distributed import all_ranks_ok, barrier, init_distributed, mean_across_ranks, sum_across_ranks
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import write_json
@@ -32,17 +33,10 @@ from plelab.provenance import provenance
 from plelab.runtime import available_cores, resolve_device, seed_everything, setup_torch, uses_bf16
 from plelab.training import checkpoint as ckpt
 from plelab.training import sparse
-from plelab.training.distributed import (
-    all_ranks_ok,
-    barrier,
-    init_distributed,
-    mean_across_ranks,
-    sum_across_ranks,
-    wrap_model,
-)
 from plelab.training.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
 from plelab.training.nonfinite import describe_nonfinite, stop_message
 from plelab.training.optim import adamw, lr_multiplier, set_lr
+from plelab.training.parallel import wrap_model
 from plelab.training.rows import RowCounter
 from plelab.training.task import Batch, Observer, RunEnv, Task
 

@@ -14,7 +14,6 @@ from plelab.config import config_file_overrides
 from plelab.config.resolve import ConfigSource
 from plelab.errors import ConfigError, PlelabError
 from plelab.io import check_folder_target, ensure_dir
-from plelab.reports.visual import write_visual_report
 from plelab.sweeps.runner import run_sweep
 from plelab.sweeps.spec import merge_spec
 from plelab.visual.data import VAL_SEED_OFFSET
@@ -22,6 +21,7 @@ from plelab.visual.encoder import HFSiglipEncoder, encode_with, get_encoder
 from plelab.visual.ids import DCTKMeans, FeatureKMeans, OracleIDs, RandomIDs
 from plelab.visual.loader import load_image_captions, split_pairs
 from plelab.visual.metrics import id_report
+from plelab.visual.report import write_visual_report
 from plelab.visual.scenes import generate_scenes
 from plelab.visual.study import ABLATION_METHODS, DESIGNS, FIX_METHODS, LAMBDAS, METHODS, VISUAL_PROFILES, visual_spec
 

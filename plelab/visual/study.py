@@ -22,8 +22,10 @@ from plelab.config.schema import QUANTIZER_IDS
 from plelab.diagnostics.verdict import structure_verdict
 from plelab.sweeps import stats
 from plelab.sweeps.analysis import verdict_counts
-from plelab.sweeps.results import SweepResults
+from plelab.sweeps.results import SweepResults, checkpoint_path
+from plelab.sweeps.runner import RunJob
 from plelab.sweeps.spec import Arm, SweepSpec
+from plelab.visual.diagnostics import cross_seed
 
 OFFLINE = ("none", "dct-kmeans", "siglip-kmeans", "random", "oracle")
 ONLINE = tuple(f"{q}-{mode}" for q in QUANTIZER_IDS for mode in ("online", "frozen"))
@@ -124,6 +126,13 @@ def visual_spec(profile: str, methods=METHODS, dp: int = 16, seeds: int | None =
                      overrides=[*base, "visual.enabled=true", f"ple.dim={dp}", *prof.overrides, *shared, *overrides],
                      arms=arms, seeds=list(range(seeds or prof.seeds)), steps=prof.steps, kind="visual",
                      baseline="none")
+
+
+def study_structure(jobs: list[RunJob], data_cache: dict) -> dict[int, dict]:
+    """The visual study's cross-seed structure (the sweep's reader for kind ``visual``): both tables of every
+    seed's final checkpoint."""
+    return {seed: {"final": tables}
+            for seed, tables in cross_seed({j.seed: checkpoint_path(j.path, j.cfg.train.steps) for j in jobs}).items()}
 
 
 def _metric(run, metric: str) -> float:

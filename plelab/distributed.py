@@ -1,4 +1,5 @@
-"""torchrun support: process-group set-up, DDP / FSDP2 wrapping, collective helpers.
+"""torchrun support: process-group set-up and collective helpers (shared by the data pipeline and the trainer;
+the DDP / FSDP2 wrapping of a model is :mod:`plelab.training.parallel`).
 
 ``torchrun --nproc_per_node=N -m plelab train ...`` sets ``RANK``, ``WORLD_SIZE`` and
 ``LOCAL_RANK``; everything else is read from them here. Backend: NCCL on CUDA, gloo on CPU
@@ -12,9 +13,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
-from plelab.errors import PlelabError
 
 
 @dataclass(frozen=True)
@@ -77,37 +75,6 @@ def mean_across_ranks(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
         value /= info.world_size
     return value
-
-
-def wrap_model(model: nn.Module, mode: str, info: DistInfo, device: torch.device,
-               bf16: bool, ignore: tuple[str, ...] | list[str] = ()) -> nn.Module:
-    """DDP, or FSDP2 with one unit per decoder layer, one for the PLE table and one for the root.
-
-    FSDP2 shards parameters in place (``model`` itself becomes the sharded module) and
-    the return value is ``model``; DDP returns a wrapper whose ``.module`` is ``model``.
-    DDP neither broadcasts nor reduces the parameters named in ``ignore`` (the row-sparse table,
-    whose gradient the trainer averages itself: NCCL has no sparse all-reduce).
-    """
-    if not info.enabled:
-        return model
-    if mode == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        if ignore:
-            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(ignore))
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if mode == "fsdp":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
-              else MixedPrecisionPolicy())
-        for layer in model.model.layers:
-            fully_shard(layer, mp_policy=mp)
-        if hasattr(model.model, "embed_tokens_per_layer"):
-            fully_shard(model.model.embed_tokens_per_layer, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
-        return model
-    raise PlelabError(f"invalid config value train.parallel={mode!r}: allowed ddp | fsdp")
 
 
 def shutdown(info: DistInfo) -> None:

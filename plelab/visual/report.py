@@ -13,10 +13,10 @@ from plelab.diagnostics.verdict import LEARNED, NOT_DIST, UNUSED, USED
 from plelab.io import atomic_write, write_json
 from plelab.reports.sweep import to_html, to_markdown
 from plelab.reports.tables import ci_cell, csv_text, fmt
-from plelab.reports.visual_fix import design_blocks
-from plelab.reports.visual_plots import visual_plots
 from plelab.sweeps import stats
 from plelab.sweeps.results import collect
+from plelab.visual.report_fix import design_blocks
+from plelab.visual.report_plots import visual_plots
 from plelab.visual.study import visual_analysis
 
 
