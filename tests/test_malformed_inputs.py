@@ -264,6 +264,8 @@ CASES = {
     "diagnose-pickle-as-weights": (lambda w: ["diagnose", f"{w}/payload.pt", "--no-progress"],
                                    "is not a readable safetensors file"),
     "diagnose-missing-path": (lambda w: ["diagnose", f"{w}/nowhere", "--no-progress"], "does not exist"),
+    "diagnose-run-with-other-dp": (lambda w: ["diagnose", f"{w}/run", "--dp", "999", "--no-use", "--no-progress"],
+                                   "--dp disagree with the run's own config"),
     "diagnose-folder-without-weights": (lambda w: ["diagnose", f"{w}/empty-dir", "--no-progress"],
                                         "holds no .safetensors file"),
     "diagnose-out-unwritable": (lambda w: ["diagnose", f"{w}/run", "--no-use", "--no-progress", "--out",

@@ -131,6 +131,12 @@ def find_table(path: str | Path, num_layers: int | None = None, dim: int | None 
                               "another plelab version") from None
         if not cfg.ple.enabled:
             raise PlelabError(f"{ckpt} is a dP=0 run: it has no per-layer table to diagnose")
+        given = [flag for flag, value, own in (("--num-layers", num_layers, cfg.model.num_hidden_layers),
+                                               ("--dp", dim, cfg.ple.dim)) if value is not None and value != own]
+        if given:
+            raise PlelabError(f"{' and '.join(given)} disagree with the run's own config (L="
+                              f"{cfg.model.num_hidden_layers}, dP={cfg.ple.dim}); they are for a bare safetensors "
+                              "table — drop them for a run or checkpoint folder")
         file, key, shape = _find_in_safetensors(ckpt / "model.safetensors")
         num_layers, dim = cfg.model.num_hidden_layers, cfg.ple.dim
     else:
