@@ -1,7 +1,9 @@
-"""Process set-up shared by every entry point: CPU hygiene, threads, seeding, device choice."""
+"""Process set-up shared by every entry point: CPU hygiene, threads, seeding, device choice; name-seeded
+generators and epoch orders (every random draw plelab makes is a function of a seed and a name)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 
@@ -45,3 +47,30 @@ def uses_bf16(precision: str, device: torch.device) -> bool:
     """``train.precision`` resolved on ``device``: bf16 autocast when asked, or ``auto`` on CUDA (bf16 matmuls
     are slower than fp32 on CPUs)."""
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def param_seed(seed: int, name: str) -> int:
+    """A stable 63-bit seed for ``(seed, name)`` (independent of Python's hash randomisation)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def seeded_generator(seed: int, name: str, device: str | torch.device = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded by :func:`param_seed` of ``(seed, name)``."""
+    return torch.Generator(device=device).manual_seed(param_seed(seed, name))
+
+
+class EpochOrder:
+    """A fresh permutation of ``n`` items for every epoch, ``randperm(n)`` from the generator of
+    ``(seed, tag(epoch))``; the ``keep`` most recent epochs are cached."""
+
+    def __init__(self, n: int, seed: int, tag, keep: int = 1) -> None:
+        self.n, self.seed, self.tag, self.keep = n, seed, tag, keep
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def __call__(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._cache:
+            if len(self._cache) >= self.keep:
+                self._cache.pop(min(self._cache))
+            self._cache[epoch] = torch.randperm(self.n, generator=seeded_generator(self.seed, self.tag(epoch)))
+        return self._cache[epoch]

@@ -22,7 +22,7 @@ from plelab.data.corpus import Corpus
 from plelab.data.tokenizer import EOS
 from plelab.errors import PlelabError
 from plelab.io import atomic_write, cache_dir
-from plelab.model.init import param_seed
+from plelab.runtime import EpochOrder
 
 
 def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str], list[str], int]:
@@ -117,15 +117,10 @@ class PackedSampler:
         if self.num_sequences < 1:
             raise PlelabError(f"the training split has {len(stream)} tokens, fewer than train.seq_len+1={seq_len + 1}; "
                               "supply more text or lower train.seq_len")
-        self._perms: dict[int, np.ndarray] = {}
+        self._order = EpochOrder(self.num_sequences, seed, lambda e: f"epoch:{e}", keep=3)
 
     def _perm(self, epoch: int) -> np.ndarray:
-        if epoch not in self._perms:
-            if len(self._perms) > 2:
-                self._perms.pop(min(self._perms))
-            gen = torch.Generator().manual_seed(param_seed(self.seed, f"epoch:{epoch}"))
-            self._perms[epoch] = torch.randperm(self.num_sequences, generator=gen).numpy()
-        return self._perms[epoch]
+        return self._order(epoch).numpy()
 
     def indices(self, step: int, global_batch: int) -> np.ndarray:
         """Sequence indices of the global batch of optimizer step ``step``."""

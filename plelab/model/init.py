@@ -14,20 +14,13 @@ Unlike HF Gemma, no table row is a padding row: every row is trainable.
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 from torch import nn
 
 from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.model.layers import RMSNorm
 from plelab.model.transformer import PLECausalLM
-
-
-def param_seed(seed: int, name: str) -> int:
-    """A stable 63-bit seed for one parameter (independent of Python's hash randomisation)."""
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+from plelab.runtime import seeded_generator
 
 
 def table_init_std(mc: ModelConfig, pc: PLEConfig) -> float:
@@ -61,8 +54,7 @@ def initial_normal(name: str, shape: tuple[int, ...], seed: int, std: float) -> 
 
     The diagnostics use it to recover W_0 of a table from the run's seed alone.
     """
-    gen = torch.Generator(device="cpu").manual_seed(param_seed(seed, name))
-    return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
+    return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=seeded_generator(seed, name))
 
 
 @torch.no_grad()

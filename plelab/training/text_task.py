@@ -16,9 +16,10 @@ from torch import nn
 from plelab.config.schema import RunConfig
 from plelab.data.pipeline import prepare_data
 from plelab.data.tokens import PackedSampler, TokenData, val_windows
-from plelab.model.init import build_model, param_seed
+from plelab.model.init import build_model
 from plelab.model.losses import window_losses
 from plelab.model.ple import IIDTableIds, token_table_ids
+from plelab.runtime import seeded_generator
 from plelab.training.optim import optimizer_groups
 from plelab.training.task import Batch, RunEnv, Task, TaskKind, register_task_kind
 
@@ -54,8 +55,7 @@ class TextTask(Task):
         x = x.to(self.env.device)
         ids = None
         if self.iid is not None:
-            gen = torch.Generator(device=self.env.device).manual_seed(
-                param_seed(self.cfg.seed, f"iid:{step}:{self.env.dist.rank}:{micro}"))
+            gen = seeded_generator(self.cfg.seed, f"iid:{step}:{self.env.dist.rank}:{micro}", self.env.device)
             ids = self.iid.draw(x, gen)
         elif self.table_rows:
             ids = token_table_ids(x, self.table_rows)

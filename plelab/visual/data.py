@@ -17,7 +17,7 @@ import torch
 
 from plelab.config.schema import QUANTIZER_IDS, RunConfig
 from plelab.errors import PlelabError
-from plelab.model.init import param_seed
+from plelab.runtime import EpochOrder
 from plelab.visual.scenes import SceneSet, fingerprint, generate_scenes
 from plelab.visual.text import PAD, WordVocab
 
@@ -69,13 +69,7 @@ class SceneSampler:
 
     def __init__(self, n: int, seed: int) -> None:
         self.n, self.seed = n, seed
-        self._epoch, self._perm = -1, None
-
-    def _permutation(self, epoch: int) -> torch.Tensor:
-        if epoch != self._epoch:
-            gen = torch.Generator().manual_seed(param_seed(self.seed, f"e{epoch}"))
-            self._epoch, self._perm = epoch, torch.randperm(self.n, generator=gen)
-        return self._perm
+        self._permutation = EpochOrder(n, seed, lambda e: f"e{e}")
 
     def batch(self, step: int, batch_size: int, rows: slice = slice(None)) -> torch.Tensor:
         positions = range(step * batch_size, (step + 1) * batch_size)[rows]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from plelab.config.schema import RunConfig
-from plelab.model.init import param_seed
+from plelab.runtime import param_seed
 from plelab.visual.data import SceneSampler
 from plelab.visual.quantizers import OnlineQuantizer, build_quantizer, single_thread
 

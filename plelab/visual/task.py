@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from plelab.config.schema import QUANTIZER_IDS, RunConfig
-from plelab.model.init import param_seed
+from plelab.runtime import seeded_generator
 from plelab.model.ple import token_table_ids
 from plelab.training.optim import adamw_group, optimizer_groups, table_lr
 from plelab.training.rows import RowCounter
@@ -105,7 +105,7 @@ class VisualTask(Task):
         if self.qt is not None:  # the quantizer as it is now (it updates after the step)
             ids = self.qt.assign(self.data.train_feats[idx])
         else:
-            gen = torch.Generator().manual_seed(param_seed(self.cfg.seed, f"vis:{step}:{self.env.dist.rank}:{micro}"))
+            gen = seeded_generator(self.cfg.seed, f"vis:{step}:{self.env.dist.rank}:{micro}")
             ids = self.data.batch_ids(idx, gen)
         if self.visual_rows is not None:
             self.visual_rows.update(ids)
@@ -206,7 +206,7 @@ class VisualTask(Task):
             return {**self.flips.summary(), "restart_events": len(restarts),
                     "codes_restarted": sum(len(c) for _, c in restarts), "intervals_detail": self.flips.rows}
         probe = torch.arange(min(PROBE_SCENES, len(self.data.train_caps)))
-        gens = [torch.Generator().manual_seed(param_seed(self.cfg.seed, f"flip{i}")) for i in range(2)]
+        gens = [seeded_generator(self.cfg.seed, f"flip{i}") for i in range(2)]
         first, second = (self.data.batch_ids(probe, g) for g in gens)
         return flip_stats(first, second, self.cfg.visual.k)
 
