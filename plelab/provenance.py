@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy
+import tokenizers
 import torch
 
 import plelab
@@ -27,9 +29,6 @@ def git_commit() -> str | None:
 
 
 def versions() -> dict[str, str]:
-    import numpy
-    import tokenizers
-
     return {"plelab": plelab.__version__, "python": platform.python_version(), "torch": torch.__version__,
             "numpy": numpy.__version__, "tokenizers": tokenizers.__version__, "platform": sys.platform}
 

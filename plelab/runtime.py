@@ -10,6 +10,8 @@ import random
 import numpy as np
 import torch
 
+from plelab.errors import ConfigError
+
 
 def available_cores() -> int:
     """CPU cores this process may use (its affinity mask where the OS has one)."""
@@ -34,8 +36,6 @@ def seed_everything(seed: int) -> None:
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> cuda if available else cpu; an explicit cuda request without a GPU is an error."""
-    from plelab.errors import ConfigError
-
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():

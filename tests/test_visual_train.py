@@ -12,10 +12,10 @@ import torch
 from plelab.cli import main
 from plelab.config import resolve_config
 from plelab.errors import PlelabError
+from plelab.runs import make_trainer as VisualTrainer
 from plelab.visual.data import caption_losses, prepare_visual
 from plelab.visual.diagnostics import end_of_run
-from plelab.runs import make_trainer as VisualTrainer
-from plelab.visual.data import SceneSampler
+from plelab.visual.sampler import SceneSampler
 
 VIS = ["visual.enabled=true", "visual.scenes=300", "visual.val_scenes=40", "visual.encoder_steps=30",
        "train.batch_size=16", "train.eval_every=10", "train.diag_every=5", "train.warmup_steps=5"]

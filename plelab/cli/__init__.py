@@ -3,8 +3,8 @@
 One module per verb group (:mod:`~plelab.cli.configs`: params / config / presets;
 :mod:`~plelab.cli.train`: train / eval / diagnose; :mod:`~plelab.cli.sweep`: sweep / report /
 advise / demo; :mod:`~plelab.cli.visual`: visual-ids / visual-study); nothing below this package
-imports argparse. The verb functions import their library when they run, so that a command pays
-only for what it uses.
+imports argparse. Imports are at module level (the layering test, ``tests/test_layers.py``); only
+optional or heavy dependencies (transformers, matplotlib, ...) load when a command needs them.
 
 User errors (:class:`~plelab.errors.PlelabError` and argparse errors) print one line on
 stderr and exit with code 2; they never show a traceback. A closed pipe (``plelab config | head -1``)
@@ -22,6 +22,7 @@ from plelab import __version__
 from plelab.cli import configs, sweep, train, visual
 from plelab.cli.common import Parser
 from plelab.errors import PlelabError
+from plelab.io import os_reason
 
 __all__ = ["build_parser", "main"]
 
@@ -50,8 +51,6 @@ def _stdout_closed() -> bool:
 
 def _os_error(err: OSError) -> int:
     """A file-system failure no check foresaw: still one line, never a traceback."""
-    from plelab.io import os_reason
-
     where = f" {err.filename}" if err.filename else ""
     print(f"plelab: error: cannot access{where}: {os_reason(err)}; check the path, its permissions and the free "
           "disk space, then rerun (finished work is kept)", file=sys.stderr)

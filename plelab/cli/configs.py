@@ -7,6 +7,8 @@ import json
 
 from plelab.cli.common import config_args, config_settings, dp_list, dp_value
 from plelab.config import PRESETS, RunConfig, resolve_run_config
+from plelab.model.accounting import account
+from plelab.reports.tables import accounting_tables, format_table
 
 
 def resolved(args: argparse.Namespace, **settings) -> RunConfig:
@@ -17,9 +19,6 @@ def resolved(args: argparse.Namespace, **settings) -> RunConfig:
 
 
 def cmd_params(args: argparse.Namespace) -> int:
-    from plelab.model.accounting import account
-    from plelab.reports.tables import accounting_tables
-
     base_cfg = resolved(args)
     rows = []
     for dp in sorted({0, *(args.dp or [base_cfg.ple.dim])}):
@@ -42,9 +41,6 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from plelab.model.accounting import account
-    from plelab.reports.tables import format_table
-
     rows = []
     for name, make in PRESETS.items():
         cfg = make()

@@ -6,8 +6,11 @@ import argparse
 from pathlib import Path
 
 from plelab.cli.common import add_set, config_args, dp_list, dp_value, int_list, one_int
+from plelab.demo import PROFILES, run_demo
 from plelab.errors import ConfigError
 from plelab.reports import report
+from plelab.sweeps.advise import recommend
+from plelab.sweeps.commands import options_of, sweep
 
 
 def variant(text: str) -> tuple[str, list[str]]:
@@ -25,8 +28,6 @@ def controls(text: str) -> list[str] | str:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from plelab.sweeps.commands import options_of, sweep
-
     root = Path(args.out)
     script = sweep(root, jobs=args.jobs, emit=args.emit, progress=not args.no_progress, **options_of(args))
     if script is not None:
@@ -42,15 +43,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    from plelab.sweeps.advise import recommend
-
     print(recommend(args.sweep, dp=args.dp, preset=args.preset, overrides=args.overrides))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from plelab.demo import run_demo
-
     profile = next((p for p, on in (("quick", args.quick), ("study", args.study), ("study-gpu", args.study_gpu)) if on),
                    "default")
     run_demo(profile, out=args.out, data_path=args.data, jobs=args.jobs, progress=not args.no_progress)
@@ -58,8 +55,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub) -> None:
-    from plelab.demo import PROFILES  # for the help texts
-
     p = sub.add_parser("sweep", help="a paired multi-seed dP study (arms × seeds), resumable, then its report")
     config_args(p, preset="cpu-sweep", seed=False)
     p.set_defaults(func=cmd_sweep)

@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 from plelab.cli.common import config_args, config_settings, dp_value
-from plelab.config import RunConfig, resolve_run_config
+from plelab.config import resolve_run_config
+from plelab.diagnostics.diagnose import diagnose
 from plelab.errors import ConfigError, PlelabError
-from plelab.io import check_folder_target
+from plelab.io import check_folder_target, ensure_dir, os_reason
+from plelab.reports.diagnostics import diagnostics_text, plot_diagnostics, plot_run_history, write_json_report
 from plelab.runs import train
+from plelab.training.evaluate import evaluate
 
 
 def check_run_folder(out: Path) -> None:
@@ -41,8 +44,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from plelab.training.evaluate import evaluate
-
     out = evaluate(args.path, device=args.device, windows=args.windows, batch=args.batch,
                    table_in_memory=args.table_in_memory, progress=not args.no_progress)
     if args.json:
@@ -56,10 +57,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from plelab.diagnostics.diagnose import diagnose
-    from plelab.io import ensure_dir, os_reason
-    from plelab.reports.diagnostics import diagnostics_text, plot_diagnostics, plot_run_history, write_json_report
-
     fix = "give a writable folder for diagnostics.json and the plots"
     if args.out:
         check_folder_target(args.out, "--out", fix)

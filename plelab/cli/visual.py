@@ -6,12 +6,11 @@ import argparse
 
 from plelab.cli.common import add_set, dp_value, names
 from plelab.config import parse_numbers
+from plelab.reports.tables import format_table
+from plelab.visual.commands import visual_ids, visual_study
 
 
 def cmd_visual_ids(args: argparse.Namespace) -> int:
-    from plelab.reports.tables import format_table
-    from plelab.visual.commands import visual_ids
-
     res = visual_ids(k=args.k, scenes=args.scenes, seed=args.seed, image_size=args.image_size, patch=args.patch,
                      data=args.data, siglip=args.siglip, out=args.out)
     k, m = res["k"], res["patches"]
@@ -26,8 +25,6 @@ def cmd_visual_ids(args: argparse.Namespace) -> int:
 
 
 def cmd_visual_study(args: argparse.Namespace) -> int:
-    from plelab.visual.commands import visual_study
-
     paths = visual_study(args.out, quick=args.quick, design=args.design, methods=args.methods, lambdas=args.lambdas,
                          features=not args.no_features, seeds=args.seeds, dp=args.dp, config=args.config,
                          overrides=args.overrides, jobs=args.jobs, progress=not args.no_progress)

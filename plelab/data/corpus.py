@@ -84,7 +84,7 @@ def embedded_corpus() -> Corpus:
 def _extract_embedded(root: Path) -> list[str]:
     docs: list[str] = []
     try:
-        from pydoc_data.topics import topics
+        from pydoc_data.topics import topics  # optional stdlib part, read once to build the corpus
     except ImportError:  # some minimal Python builds drop pydoc_data
         topics = {}
     docs += [topics[k].strip() for k in sorted(topics) if topics[k].strip()]

@@ -116,7 +116,7 @@ def read_jsonl(path: Path, text_field: str) -> list[str]:
 
 def read_parquet(path: Path, text_field: str) -> list[str]:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # optional: the data extra, for users' Parquet files
     except ImportError:
         raise PlelabError(f"reading {path} needs pyarrow: pip install pyarrow") from None
     try:
@@ -136,7 +136,7 @@ def read_parquet(path: Path, text_field: str) -> list[str]:
 def read_hf_dataset(path: Path, text_field: str) -> list[str]:
     """A folder written by ``datasets.Dataset.save_to_disk`` (a DatasetDict uses its ``train`` split)."""
     try:
-        import datasets
+        import datasets  # optional: the data extra, for users' HF datasets folders
     except ImportError:
         raise PlelabError(f"{path} is a HF datasets folder; reading it needs: pip install datasets") from None
     try:

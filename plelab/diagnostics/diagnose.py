@@ -13,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from plelab.config.schema import RunConfig
+from plelab.data.pipeline import prepare_data
 from plelab.data.tokens import PackedSampler, TokenData, val_windows
 from plelab.diagnostics.live import initial_table
 from plelab.diagnostics.predictive import id_information
@@ -35,6 +37,7 @@ from plelab.diagnostics.verdict import verdict
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
 from plelab.model.ple import IIDTableIds
+from plelab.training.checkpoint import load_model_weights, read_state
 from plelab.training.optim import lr_multiplier, table_lr
 
 CKA_NULL_DRAWS = 20
@@ -93,8 +96,6 @@ def cka_against_null(a: torch.Tensor, b: torch.Tensor, counts: np.ndarray, seed:
 
 def _saved_counts(ckpt: Path) -> np.ndarray | None:
     """The exact row counts a trainer saved with the checkpoint (``diag.row_counts``), if any."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(ckpt / "optimizer.safetensors"), framework="pt") as f:
             if "diag.row_counts" in f.keys():
@@ -110,9 +111,6 @@ class RunTable:
     def __init__(self, source: TableSource, data: TokenData | None = None) -> None:
         if source.config is None:
             raise PlelabError(f"{source.file} is not a plelab run: --reference and --null take plelab runs")
-        from plelab.data.pipeline import prepare_data
-        from plelab.training.checkpoint import read_state
-
         self.source, self.cfg, self.step = source, source.config, source.step
         self.data = data or prepare_data(self.cfg, progress=False)
         state = read_state(source.checkpoint, for_resume=False)
@@ -219,8 +217,6 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     use_layers: dict[int, dict] = {}
     if use:
         model = build_model(run.cfg.model, run.cfg.ple, seed=run.cfg.seed)
-        from plelab.training.checkpoint import load_model_weights
-
         load_model_weights(model, source.checkpoint)
         iid = (IIDTableIds(torch.from_numpy(run.data.train_counts(source.rows))) if run.cfg.ple.ids == "iid"
                else None)

@@ -17,7 +17,9 @@ forward of the model), so the trainer can log them every ``train.diag_every`` st
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import Shard
 
 from plelab.diagnostics.structure import effective_rank
 from plelab.model.transformer import PLECausalLM
@@ -47,13 +49,9 @@ def _sq_sum(t: torch.Tensor, cols: slice = slice(None)) -> torch.Tensor:
     """Sum of squares of ``t[:, cols]`` (or all of ``t``) without gathering a sharded tensor:
     for an FSDP2 DTensor (rows sharded) each rank sums its shard and one all-reduce adds them."""
     if hasattr(t, "to_local"):
-        from torch.distributed.tensor import Shard
-
         local = t.to_local().detach().float()
         part = (local[:, cols] if local.ndim == 2 else local).pow(2).sum()
         if any(isinstance(p, Shard) for p in t.placements):
-            import torch.distributed as dist
-
             dist.all_reduce(part)
         return part
     t = t.detach().float()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from plelab.config.schema import ModelConfig, PLEConfig
+from plelab.model.init import build_model
 from plelab.model.transformer import PLECausalLM
 
 GROUPS: tuple[str, ...] = (
@@ -150,8 +151,6 @@ class Accounting:
 
 def account(mc: ModelConfig, pc: PLEConfig, seq_len: int) -> Accounting:
     """Count on a meta-device model and cross-check every number against the closed form."""
-    from plelab.model.init import build_model
-
     model = build_model(mc, pc, device="meta")
     groups = counts_from_model(model)
     formula = closed_form_counts(mc, pc)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from plelab.io import atomic_write
+from plelab.reports.figures import pyplot
 from plelab.reports.tables import format_table
 
 
@@ -68,11 +69,7 @@ def write_json_report(rep: dict, path: str | Path) -> Path:
 
 def plot_run_history(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """PNG: the live per-layer signal metrics (metrics.jsonl ``diag`` rows) against the step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     metrics = Path(run_dir) / "metrics.jsonl"
     rows = []
     if metrics.exists():
@@ -110,11 +107,7 @@ def plot_run_history(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
 
 def plot_diagnostics(rep: dict, out_dir: str | Path) -> list[Path]:
     """PNG plots: metrics vs layer, each beside its null. Returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     layers = [layer["layer"] for layer in rep["layers"]]

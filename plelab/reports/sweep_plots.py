@@ -11,19 +11,11 @@ import numpy as np
 from scipy import stats as sps
 
 from plelab.io import atomic_write
+from plelab.reports.figures import pyplot
 from plelab.sweeps.results import SweepResults
 
 _FAMILY_STYLE = {"dP": ("C0", "o", "main (Gemma)"), "frozen": ("C1", "s", "table frozen"),
                  "zero": ("C2", "^", "table zeroed"), "matched": ("C3", "D", "scale-matched")}
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _ci(values: list[float]) -> tuple[float, float]:

@@ -32,6 +32,7 @@ from plelab.config import RunConfig, resolve_config
 from plelab.config.schema import QUANTIZER_IDS
 from plelab.errors import PlelabError
 from plelab.io import atomic_write, ensure_dir, write_json
+from plelab.runs import make_trainer, prepare_data, warm_caches
 from plelab.runtime import available_cores
 from plelab.sweeps.spec import Arm, SweepSpec, run_dir, save_spec
 
@@ -180,8 +181,6 @@ def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool =
 
 
 def _run_in_process(todo: list[RunJob], bar, progress: bool, log) -> None:
-    from plelab.runs import make_trainer, prepare_data
-
     data_cache: dict[str, object] = {}
     for job in todo:
         key = data_key(job.cfg)
@@ -196,8 +195,6 @@ def _run_in_process(todo: list[RunJob], bar, progress: bool, log) -> None:
 
 
 def _run_workers(todo: list[RunJob], jobs: int, bar, report) -> None:
-    from plelab.runs import warm_caches
-
     for cfg in {data_key(j.cfg): j.cfg for j in todo}.values():  # fill the caches once here, not in every worker
         warm_caches(cfg)
     threads = max(1, available_cores() // jobs)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,8 +155,6 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
 
 def sweep_command(spec: SweepSpec, root: Path, seeds: int | None = None) -> str:
     """The ``plelab sweep`` line that gives (or, with more ``seeds``, grows) this dP sweep."""
-    import shlex
-
     main = sorted(int(a.x) for a in spec.arms if a.family == "dP")
     families = {a.family for a in spec.arms}
     parts = ["plelab", "sweep", "--preset", spec.preset, "--dp", ",".join(map(str, main))]

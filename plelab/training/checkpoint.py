@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from plelab.config.schema import RunConfig
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import write_json
@@ -184,8 +185,6 @@ def _lookup(d: dict, key: str):
 def check_resumable(run: Path, state: dict, cfg, keys: tuple[str, ...], fingerprint: str) -> None:
     """Refuse to resume ``run`` from a checkpoint ``state`` trained with other values of ``keys`` (config
     keys that change what a step computes) or on another corpus."""
-    from plelab.config.schema import RunConfig
-
     try:  # through the config class: a section added since the checkpoint reads as its defaults
         saved = RunConfig.from_dict(state["config"]).to_dict()
     except PlelabError as err:

@@ -6,6 +6,7 @@ checkpoint's step, so that a resumed run's file equals an uninterrupted run's.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -52,8 +53,6 @@ class MetricSinks:
     @staticmethod
     def check_available(tc) -> None:
         """Fail before anything is written if an asked-for optional sink is not installed."""
-        import importlib.util
-
         if tc.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise PlelabError("train.tensorboard=true needs the tensorboard package: pip install tensorboard")
         if tc.wandb_project and importlib.util.find_spec("wandb") is None:
@@ -65,14 +64,14 @@ class MetricSinks:
         self.wandb = None
         if tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # optional: needs the tensorboard package
             except ImportError:
                 raise PlelabError("train.tensorboard=true needs the tensorboard package: "
                                   "pip install tensorboard") from None
             self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         if wandb_project:
             try:
-                import wandb
+                import wandb  # optional: train.wandb_project only
             except ImportError:
                 raise PlelabError("train.wandb_project is set but wandb is not installed: pip install wandb") from None
             self.wandb = wandb.init(project=wandb_project, dir=str(run_dir), config=config, name=run_dir.name)

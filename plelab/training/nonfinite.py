@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from plelab.training.checkpoint import list_checkpoints
+
 
 def _finite(out) -> bool:
     if torch.is_tensor(out):
@@ -91,8 +93,6 @@ def describe_nonfinite(model: nn.Module, forward: Callable[[], object], loss_fin
 
 def stop_message(what: str, step: int, detail: str, run_dir: Path | None) -> str:
     """The one-line error of a run stopped by a non-finite value at (0-based) ``step``."""
-    from plelab.training.checkpoint import list_checkpoints
-
     found = list_checkpoints(run_dir) if run_dir is not None else []
     kept = f"its last checkpoint ({found[-1].name}) is kept" if found else "no checkpoint was written yet"
     return (f"{what} at step {step + 1}; {detail}. The run stopped before updating; {kept}. Lower train.lr or "

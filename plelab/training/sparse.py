@@ -29,6 +29,8 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from plelab.errors import PlelabError
+
 
 class RowSparseAdamW(torch.optim.AdamW):
     """AdamW whose groups with ``row_sparse=True`` take sparse row gradients (see the module doc).
@@ -152,8 +154,6 @@ def all_reduce_sparse_grad(p: torch.Tensor, world_size: int, comm_device: torch.
 def table_is_sparse(cfg, distributed: bool) -> bool:
     """Whether the run's per-layer table gets sparse row gradients (``train.table_optimizer=row-sparse``, a learned
     table only; the model is built so). Refuses a dense host-side table under torchrun."""
-    from plelab.errors import PlelabError
-
     tc, pc = cfg.train, cfg.ple
     learned = pc.enabled and pc.table == "learned"
     if distributed and tc.table_device == "cpu" and tc.table_optimizer != "row-sparse" and learned:

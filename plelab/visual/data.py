@@ -17,7 +17,11 @@ import torch
 
 from plelab.config.schema import QUANTIZER_IDS, RunConfig
 from plelab.errors import PlelabError
-from plelab.runtime import EpochOrder
+from plelab.visual.encoder import EncoderConfig, encode_with, get_encoder
+from plelab.visual.ids import DCTKMeans, FeatureKMeans, OracleIDs, RandomIDs
+from plelab.visual.loader import load_image_captions, split_pairs
+from plelab.visual.metrics import id_report
+from plelab.visual.online import patch_pixels, pretrained_frozen
 from plelab.visual.scenes import SceneSet, fingerprint, generate_scenes
 from plelab.visual.text import PAD, WordVocab
 
@@ -64,29 +68,11 @@ class VisualData:
         return float(-(p * np.log(p)).sum())
 
 
-class SceneSampler:
-    """A fresh permutation of the training scenes every epoch, from the run seed (one cached at a time)."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed = n, seed
-        self._permutation = EpochOrder(n, seed, lambda e: f"e{e}")
-
-    def batch(self, step: int, batch_size: int, rows: slice = slice(None)) -> torch.Tensor:
-        positions = range(step * batch_size, (step + 1) * batch_size)[rows]
-        return torch.tensor([int(self._permutation(pos // self.n)[pos % self.n]) for pos in positions],
-                            dtype=torch.long)
-
-    def epochs(self, step: int, batch_size: int) -> float:
-        return step * batch_size / self.n
-
-
 def _scenes(cfg: RunConfig) -> tuple[SceneSet, SceneSet]:
     v = cfg.visual
     if v.data is None:
         return (generate_scenes(v.scenes, v.data_seed, v.image_size, v.patch),
                 generate_scenes(v.val_scenes, v.data_seed + VAL_SEED_OFFSET, v.image_size, v.patch))
-    from plelab.visual.loader import load_image_captions, split_pairs
-
     pairs = load_image_captions(v.data, v.image_size, v.patch)
     if len(pairs) < 20:
         raise PlelabError(f"{v.data} has {len(pairs)} image–caption pairs; a visual run needs at least 20")
@@ -94,8 +80,6 @@ def _scenes(cfg: RunConfig) -> tuple[SceneSet, SceneSet]:
 
 
 def _encoder(cfg: RunConfig, train: SceneSet, log=None):
-    from plelab.visual.encoder import EncoderConfig, get_encoder
-
     v = cfg.visual
     return get_encoder(train, EncoderConfig(image_size=v.image_size, patch=v.patch), steps=v.encoder_steps,
                        seed=v.data_seed, log=log)
@@ -108,10 +92,6 @@ def warm_encoder(cfg: RunConfig) -> None:
 
 def prepare_visual(cfg: RunConfig, log=None) -> VisualData:
     """Scenes → vocabulary → encoder features → visual IDs (``cfg.visual``) → :class:`VisualData`."""
-    from plelab.visual.encoder import encode_with
-    from plelab.visual.ids import DCTKMeans, FeatureKMeans, OracleIDs, RandomIDs
-    from plelab.visual.metrics import id_report
-
     v = cfg.visual
     train, val = _scenes(cfg)
     vocab = WordVocab.build(train.captions)
@@ -131,8 +111,6 @@ def prepare_visual(cfg: RunConfig, log=None) -> VisualData:
     train_ids = val_ids = train_pixels = quantizer = None
     val_labels = val.semantic_labels() if val.has_labels else None
     if v.ids in QUANTIZER_IDS:
-        from plelab.visual.online import patch_pixels, pretrained_frozen
-
         train_pixels = patch_pixels(train.images, v.patch)
         if not v.online:
             quantizer = pretrained_frozen(cfg, train_feats, train_pixels)

@@ -24,13 +24,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 
 from plelab.config.schema import RunConfig
 from plelab.diagnostics.diagnose import cka_against_null, weight_decay_shrink
+from plelab.diagnostics.live import initial_table
 from plelab.diagnostics.structure import gaussian_null, matrix_stats
 from plelab.diagnostics.usage import weight_swapped, within_bin_permutation
 from plelab.diagnostics.verdict import use_verdict
 from plelab.model.init import initial_normal, table_init_std
+from plelab.training.checkpoint import read_state
 from plelab.visual.model import VISUAL_TABLE
 from plelab.visual.text import PAD
 
@@ -41,8 +44,6 @@ SUMMARY_KEYS = ("mean_cos", "mean_abs_cos", "erank_centred", "pc1")
 
 def initial_tables(cfg: RunConfig, k: int) -> dict[str, torch.Tensor]:
     """``W_0`` of each table a run has (regenerated from the name-seeded initialisation)."""
-    from plelab.diagnostics.live import initial_table
-
     out = {"text": initial_table(cfg)}
     if k:
         pc, mc = cfg.ple, cfg.model
@@ -131,10 +132,6 @@ def gradient_per_row(weight: torch.nn.Parameter, num_layers: int, dim: int) -> l
 
 def load_run_tables(ckpt: Path) -> dict[str, tuple[torch.Tensor, np.ndarray]]:
     """``{table: (Δ [rows, L·dP], row counts)}`` from a visual run's checkpoint."""
-    from safetensors import safe_open
-
-    from plelab.training.checkpoint import read_state
-
     state = read_state(ckpt, for_resume=False)
     cfg = RunConfig.from_dict(state["config"])
     alpha = weight_decay_shrink(cfg, state["step"])

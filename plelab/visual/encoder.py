@@ -12,6 +12,8 @@ order (the order of :func:`plelab.visual.ids.patches`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,9 +21,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from plelab.errors import PlelabError
+from plelab.io import atomic_write, cache_dir
+from plelab.visual.scenes import fingerprint
 
 
 @dataclass
@@ -144,12 +150,6 @@ def encode_with(vit: nn.Module, images: np.ndarray, batch: int = 256) -> torch.T
 def get_encoder(scenes, cfg: EncoderConfig | None = None, steps: int = 300, seed: int = 0, log=None) -> TinyViT:
     """The SigLIP-pretrained encoder for ``scenes``, from the cache (``$PLELAB_CACHE/encoders``) when it
     was trained before with the same data and settings."""
-    import hashlib
-    import json
-
-    from plelab.io import cache_dir
-    from plelab.visual.scenes import fingerprint
-
     cfg = cfg or EncoderConfig(image_size=scenes.image_size, patch=scenes.patch)
     key = hashlib.sha256(json.dumps([asdict(cfg), steps, seed, fingerprint(scenes)]).encode()).hexdigest()[:16]
     path = cache_dir("encoders") / f"tinyvit-{key}.safetensors"
@@ -161,22 +161,11 @@ def get_encoder(scenes, cfg: EncoderConfig | None = None, steps: int = 300, seed
 
 
 def save_encoder(vit: TinyViT, path: Path) -> Path:
-    import json
-
-    from safetensors.torch import save_file
-
-    from plelab.io import atomic_write
-
     tensors = {k: v.contiguous() for k, v in vit.state_dict().items()}
     return atomic_write(path, lambda p: save_file(tensors, str(p), metadata={"plelab": json.dumps(asdict(vit.cfg))}))
 
 
 def load_encoder(path: Path) -> TinyViT:
-    import json
-
-    from safetensors import SafetensorError, safe_open
-    from safetensors.torch import load_file
-
     try:
         with safe_open(str(path), framework="pt") as f:
             cfg = EncoderConfig(**json.loads(f.metadata()["plelab"]))
@@ -194,7 +183,7 @@ class HFSiglipEncoder(nn.Module):
     def __init__(self, path: str | Path) -> None:
         super().__init__()
         try:
-            from transformers import SiglipVisionModel
+            from transformers import SiglipVisionModel  # optional and heavy: the hf extra, for --siglip
         except ImportError:
             raise PlelabError("loading a SigLIP checkpoint needs transformers: pip install 'plelab[hf]'") from None
         if not Path(path).is_dir():

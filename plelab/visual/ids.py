@@ -26,9 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 from scipy.fft import dctn
 
 from plelab.errors import PlelabError
+from plelab.io import atomic_write
 from plelab.visual.kmeans import kmeans, nearest
 from plelab.visual.scenes import COLOURS, SHAPES, SIZES, SceneSet
 
@@ -76,10 +78,6 @@ class VisualTokenizer(ABC):
         return {"method": self.name, "k": self.k}
 
     def save(self, path: str | Path) -> Path:
-        from safetensors.torch import save_file
-
-        from plelab.io import atomic_write
-
         self._need_fit()
         tensors = {k: v.contiguous() for k, v in self.state().items()}
         return atomic_write(path, lambda p: save_file(tensors, str(p), metadata={"plelab": json.dumps(self.meta())}))

@@ -1,6 +1,6 @@
 """Training an online quantizer alongside a visual run, or before it (then frozen).
 
-The quantizer sees its own stream of training scenes — a :class:`~plelab.visual.data.SceneSampler`
+The quantizer sees its own stream of training scenes — a :class:`~plelab.visual.sampler.SceneSampler`
 seeded by ``visual.data_seed``, ``visual.quantizer_batch`` images a step — and takes one Adam step
 per LM step on its own losses (:mod:`plelab.visual.quantizers`). Its trajectory therefore depends on
 the data seed only: at step t it is the same quantizer in every LM seed and arm, so row k of the
@@ -16,16 +16,15 @@ import torch
 
 from plelab.config.schema import RunConfig
 from plelab.runtime import param_seed
-from plelab.visual.data import SceneSampler
+from plelab.visual.ids import patches
 from plelab.visual.quantizers import OnlineQuantizer, build_quantizer, single_thread
+from plelab.visual.sampler import SceneSampler
 
 PREFIX, OPT_PREFIX = "quantizer.", "quantizer_opt."
 
 
 def patch_pixels(images: np.ndarray, patch: int) -> torch.Tensor:
     """uint8 ``[N,S,S,3]`` -> ``[N, P, patch·patch·3]`` in [−1, 1], raster order (reconstruction targets)."""
-    from plelab.visual.ids import patches
-
     p = patches(images, patch)
     return torch.from_numpy(p.reshape(p.shape[0], p.shape[1], -1).astype(np.float32) / 127.5 - 1.0)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from plelab.reports.sweep_plots import pyplot, save_figure
+from plelab.reports.figures import pyplot
+from plelab.reports.sweep_plots import save_figure
 from plelab.sweeps.results import SweepResults
 
 

@@ -16,9 +16,12 @@ Deterministic: scene ``i`` of seed ``s`` is drawn from its own generator seeded 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
+
+from plelab.errors import PlelabError
 
 SHAPES = ("square", "circle", "triangle")
 COLOURS = {"red": (220, 40, 40), "green": (40, 190, 60), "blue": (50, 80, 230), "yellow": (230, 210, 40),
@@ -110,8 +113,6 @@ def _scene(rng: np.random.Generator, size: int, patch: int):
 
 def fingerprint(scenes: SceneSet) -> str:
     """sha256 of the images and captions (identifies a data set in caches and run records)."""
-    import hashlib
-
     h = hashlib.sha256(np.ascontiguousarray(scenes.images).tobytes())
     h.update("\n".join(scenes.captions).encode())
     return h.hexdigest()
@@ -127,8 +128,6 @@ def caption(objects: list[dict]) -> str:
 def generate_scenes(n: int, seed: int = 0, image_size: int = 48, patch: int = 8) -> SceneSet:
     """``n`` scenes, deterministic in ``(seed, index)``; ``image_size`` must be a multiple of ``patch``."""
     if patch < 1 or image_size % patch or image_size < 2 * patch:
-        from plelab.errors import PlelabError
-
         raise PlelabError(f"image size {image_size} must be a multiple of the patch size {patch}, at least twice it")
     imgs, caps, labels = [], [], []
     for i in range(n):

@@ -29,12 +29,13 @@ from plelab.training.optim import adamw_group, optimizer_groups, table_lr
 from plelab.training.rows import RowCounter
 from plelab.training.task import Batch, Task, TaskKind, register_task_kind
 from plelab.training.text_task import TEXT_ROWS_KEY
-from plelab.visual.data import SceneSampler, VisualData, caption_losses, prepare_visual, warm_encoder
+from plelab.visual.data import VisualData, caption_losses, prepare_visual, warm_encoder
 from plelab.visual.diagnostics import COUNT_KEYS, end_of_run, gradient_per_row, table_weights
 from plelab.visual.flips import FlipMeter, flip_stats
 from plelab.visual.metrics import id_report
 from plelab.visual.model import build_visual_model
 from plelab.visual.online import QuantizerTrainer
+from plelab.visual.sampler import SceneSampler
 from plelab.visual.text import PAD
 
 PROBE_SCENES = 256  # scenes whose patch IDs the stability check looks up twice
