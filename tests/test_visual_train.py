@@ -172,7 +172,8 @@ def test_oracle_beats_random_ids_on_content_words_when_the_ids_are_the_only_view
         trainer = VisualTrainer(cfg, prepare_visual(cfg), progress=False, log=lambda *x: None)
         trainer.fit()
         content[ids] = trainer.task.caption_report(trainer.model)["content"]
-        tables[ids] = end_of_run(trainer)["visual"]
+        tables[ids] = end_of_run(trainer.task, trainer.model, trainer.step,
+                                 trainer.task.table_counts(trainer.row_counts()))["visual"]
     assert content["oracle"] < content["random"] - 0.1, content
     # the use test sees it too: scrambling the oracle table's rows costs content words, the random one's nothing
     assert tables["oracle"]["use_verdict"] == "USED" and tables["oracle"]["use"]["permute"]["content"]["delta"] > 0.1
