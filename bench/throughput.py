@@ -1,7 +1,8 @@
 """Training throughput over dP at one preset, CPU MFU against the fp32 matmul peak measured in this process.
 
 One trainer per dP (with ``--row-sparse`` also per dP > 0 with the row-sparse table update) — the real
-:class:`plelab.training.trainer.Trainer` (built by ``plelab.runs.make_trainer``), live diagnostics off, no checkpoints — on the embedded corpus.
+:class:`plelab.training.trainer.Trainer` (built by ``plelab.runs.make_trainer``), live diagnostics off, no
+checkpoints — on the embedded corpus.
 Each repeat runs ``--block`` steps of every trainer in rotated order and measures the GEMM peak once.
 Reports per arm: median step time, tokens/s, MFU (model FLOPs per token × tokens/s / peak; FLOPs =
 6·N_matmul + attention, the per-layer table excluded as a lookup) and the PLE overhead (step time vs
@@ -22,8 +23,8 @@ from common import fmt_ci, machine, matmul_peak, mean_ci, rotated
 from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
 from plelab.model.accounting import flops_per_token
-from plelab.runtime import setup_torch
 from plelab.runs import make_trainer
+from plelab.runtime import setup_torch
 
 
 def main() -> None:

@@ -19,8 +19,8 @@ import torch
 
 from plelab.config import resolve_config
 from plelab.errors import PlelabError
-from plelab.training import checkpoint as ckpt
 from plelab.runs import make_trainer
+from plelab.training import checkpoint as ckpt
 
 
 def _hashes(root: Path) -> dict[str, str]:

@@ -7,8 +7,8 @@ import torch
 from plelab.cli import main
 from plelab.config import resolve_config
 from plelab.data import PackedSampler, split_documents, val_windows
-from plelab.training.optim import lr_multiplier, optimizer_groups
 from plelab.runs import train
+from plelab.training.optim import lr_multiplier, optimizer_groups
 
 
 def test_split_is_deduplicated_deterministic_and_spread():

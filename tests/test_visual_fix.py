@@ -12,9 +12,9 @@ from plelab.cli import main
 from plelab.config import resolve_config
 from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.errors import PlelabError
+from plelab.runs import make_trainer as VisualTrainer
 from plelab.visual.data import prepare_visual
 from plelab.visual.model import build_visual_model
-from plelab.runs import make_trainer as VisualTrainer
 
 H, L, DP, K, P, D = 64, 2, 8, 16, 9, 12
 

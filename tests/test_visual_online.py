@@ -10,8 +10,8 @@ import torch
 
 from plelab.cli import main
 from plelab.config import resolve_config
-from plelab.visual.data import prepare_visual
 from plelab.runs import make_trainer as VisualTrainer
+from plelab.visual.data import prepare_visual
 
 VIS = ["visual.enabled=true", "visual.scenes=200", "visual.val_scenes=40", "visual.encoder_steps=30",
        "train.batch_size=16", "train.eval_every=5", "train.diag_every=0", "train.warmup_steps=5",
@@ -40,7 +40,8 @@ def test_online_and_frozen_arms_end_with_the_same_quantizer_and_only_online_flip
     on, fr = online.task.id_stability(), frozen.task.id_stability()
     assert on["intervals"] == fr["intervals"] == 3
     assert on["flip_rate"] > 0 and fr["flip_rate"] == 0.0  # the frozen quantizer is metered and never flips
-    assert online.task.summary(online.model, online.step, online.row_counts())["visual"]["id_metrics"]["nmi"] == pytest.approx(frozen_data.id_metrics["nmi"])
+    summary = online.task.summary(online.model, online.step, online.row_counts())
+    assert summary["visual"]["id_metrics"]["nmi"] == pytest.approx(frozen_data.id_metrics["nmi"])
 
 
 def test_quantizer_training_does_not_depend_on_the_thread_count():
@@ -80,7 +81,8 @@ def test_an_online_run_resumes_exactly(tmp_path):
     out = rest.fit()
     assert out.train_losses == result.train_losses[7:] and out.val_history[-1] == result.val_history[-1]
     a, b = whole.task.qt.quantizer.state_dict(), rest.task.qt.quantizer.state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a) and whole.task.qt.quantizer.restarts == rest.task.qt.quantizer.restarts
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert whole.task.qt.quantizer.restarts == rest.task.qt.quantizer.restarts
     assert [r["flip_rate"] for r in whole.task.flips.rows] == [r["flip_rate"] for r in rest.task.flips.rows]
 
 

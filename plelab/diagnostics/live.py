@@ -15,11 +15,9 @@ from plelab.diagnostics.structure import matrix_stats
 from plelab.diagnostics.usage import use_metrics
 from plelab.diagnostics.verdict import use_verdict
 from plelab.model.init import initial_normal, table_init_std
-from plelab.model.ple import IIDTableIds
+from plelab.model.ple import TABLE_KEY, IIDTableIds
 from plelab.model.transformer import PLECausalLM
 from plelab.training.task import Observer
-
-TABLE = "model.embed_tokens_per_layer.weight"
 
 
 class LiveDiagnostics(Observer):
@@ -69,7 +67,7 @@ def initial_table(cfg: RunConfig) -> torch.Tensor:
     vp = cfg.ple.resolved_vocab_size(cfg.model)
     if cfg.ple.table == "zero":
         return torch.zeros(vp, cfg.model.num_hidden_layers * cfg.ple.dim)
-    return initial_normal(TABLE, (vp, cfg.model.num_hidden_layers * cfg.ple.dim), cfg.seed,
+    return initial_normal(TABLE_KEY, (vp, cfg.model.num_hidden_layers * cfg.ple.dim), cfg.seed,
                           table_init_std(cfg.model, cfg.ple))
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.tensor import Shard
 
 from plelab.diagnostics.structure import effective_rank
 from plelab.model.transformer import PLECausalLM
@@ -51,7 +50,7 @@ def _sq_sum(t: torch.Tensor, cols: slice = slice(None)) -> torch.Tensor:
     if hasattr(t, "to_local"):
         local = t.to_local().detach().float()
         part = (local[:, cols] if local.ndim == 2 else local).pow(2).sum()
-        if any(isinstance(p, Shard) for p in t.placements):
+        if any(p.is_shard() for p in t.placements):
             dist.all_reduce(part)
         return part
     t = t.detach().float()

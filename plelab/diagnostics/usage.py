@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from plelab.model.losses import window_losses
 from plelab.model.ple import IIDTableIds

@@ -21,6 +21,7 @@ from torch import nn
 
 from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.model.init import build_model
+from plelab.model.ple import TABLE_KEY
 from plelab.model.transformer import PLECausalLM
 
 GROUPS: tuple[str, ...] = (
@@ -38,7 +39,7 @@ def group_of(name: str) -> str:
         return "embed_tokens"
     if name == "lm_head.weight":
         return "lm_head"
-    if name == "model.embed_tokens_per_layer.weight":
+    if name == TABLE_KEY:
         return "ple_table"
     if parts[1] in ("per_layer_model_projection", "per_layer_projection_norm"):
         return "ple_model_projection"

@@ -16,7 +16,6 @@ import torch
 
 from plelab.errors import PlelabError
 
-TABLE_KEY = "model.embed_tokens_per_layer.weight"
 SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 
 

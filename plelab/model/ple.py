@@ -35,6 +35,8 @@ from torch import nn
 from plelab.config.schema import GATE_KINDS
 from plelab.model.layers import RMSNorm
 
+TABLE_KEY = "model.embed_tokens_per_layer.weight"  # the HF name of a causal LM's per-layer table
+
 
 class HostToDevice(torch.autograd.Function):
     """Copy looked-up table rows to the trunk's device (pinned + asynchronous to CUDA); the gradient goes back."""

@@ -97,7 +97,8 @@ class PLETextModel(nn.Module):
         """``e = sqrt(H)·E[x]``: ``[B,T]`` -> ``[B,T,H]``."""
         return self.embed_tokens(input_ids) * self.embed_scale
 
-    def per_layer_token_embeddings(self, input_ids: torch.Tensor, table_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def per_layer_token_embeddings(self, input_ids: torch.Tensor,
+                                   table_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Token-identity part ``z = sqrt(dP)·T[ids]``: ``[B,T]`` -> ``[B,T,L,dP]`` (ids: ``table_ids``, or the
         token ids with ids >= Vp mapped to 0)."""
         return self.per_layer_embedding.token_part(self._resolve_table_ids(input_ids, table_ids))

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as sps
 
-from plelab.io import atomic_write
-from plelab.reports.figures import pyplot
+from plelab.reports.figures import finish_axes, pyplot, save_figure
 from plelab.sweeps.results import SweepResults
 
 _FAMILY_STYLE = {"dP": ("C0", "o", "main (Gemma)"), "frozen": ("C1", "s", "table frozen"),
@@ -24,13 +23,6 @@ def _ci(values: list[float]) -> tuple[float, float]:
     if len(v) < 2:
         return float(v.mean()), 0.0
     return float(v.mean()), float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
-
-
-def save_figure(fig, path: Path) -> Path:
-    fig.tight_layout()
-    atomic_write(path, lambda p: fig.savefig(p, dpi=100, format="png"))
-    pyplot().close(fig)
-    return path
 
 
 def _curves(res: SweepResults) -> dict[str, list]:
@@ -58,10 +50,8 @@ def plot_loss(res: SweepResults, out: Path) -> list[Path]:
                         capsize=3, label=label)
             for x, p in zip(xs, pts):
                 ax.scatter([x] * len(res.losses(p[2])), res.losses(p[2]), color=color, alpha=0.25, s=10)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(f"validation loss (mean of last {res.spec.last_k} evals)")
-        ax.set_title("loss vs " + xlabel.split(" (")[0] + " — mean ± 95% CI over seeds")
-        ax.legend(fontsize=8)
+        finish_axes(ax, xlabel, f"validation loss (mean of last {res.spec.last_k} evals)",
+                    "loss vs " + xlabel.split(" (")[0] + " — mean ± 95% CI over seeds")
         written.append(save_figure(fig, out / name))
     return written
 
@@ -123,10 +113,7 @@ def plot_curves(res: SweepResults, out: Path) -> Path:
         n = min(len(h) for h in hist)
         mean = np.mean([[v for _, v in h[:n]] for h in hist], axis=0)
         ax.plot(steps[:n], mean, color=f"C{i}", label=f"dP={int(x)}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation loss (mean over seeds)")
-    ax.set_title("validation curves, main arms")
-    ax.legend(fontsize=8)
+    finish_axes(ax, "step", "validation loss (mean over seeds)", "validation curves, main arms")
     return save_figure(fig, out / "loss_curves.png")
 
 
@@ -142,10 +129,8 @@ def plot_early(analysis: dict, out: Path) -> Path | None:
         ax.scatter([r["early_use_delta"] for r in sel], [-r["final_delta"] for r in sel], color=color,
                    label=f"early {verdict} ({len(sel)})")
     ax.axhline(0, color="black", lw=0.8)
-    ax.set_xlabel(f"use test at step {rows[0]['early_step']}: permute Δ (nats)")
-    ax.set_ylabel("final paired gain vs baseline (nats)")
-    ax.set_title("does the early verdict predict the result?")
-    ax.legend(fontsize=8)
+    finish_axes(ax, f"use test at step {rows[0]['early_step']}: permute Δ (nats)",
+                "final paired gain vs baseline (nats)", "does the early verdict predict the result?")
     return save_figure(fig, out / "early_vs_final.png")
 
 

@@ -18,7 +18,8 @@ from safetensors import SafetensorError, safe_open
 from plelab.config.schema import RunConfig
 from plelab.errors import PlelabError
 from plelab.model.init import materialise
-from plelab.model.loading import TABLE_KEY, mmap_tensor
+from plelab.model.loading import mmap_tensor
+from plelab.model.ple import TABLE_KEY
 from plelab.model.transformer import PLECausalLM
 from plelab.training.checkpoint import list_checkpoints, read_state
 

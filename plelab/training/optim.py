@@ -39,7 +39,8 @@ def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:
                 groups["decay"].append(p)
     n = sum(len(v) for v in groups.values())
     assert n + frozen == len(list(model.parameters())), "optimizer groups do not cover the model"
-    spec = {"decay": (tc.lr, tc.weight_decay), "no_decay": (tc.lr, 0.0), "ple_table": (table_lr(tc), tc.table_weight_decay)}
+    spec = {"decay": (tc.lr, tc.weight_decay), "no_decay": (tc.lr, 0.0),
+            "ple_table": (table_lr(tc), tc.table_weight_decay)}
     sparse = tc.table_optimizer == "row-sparse"
     return [adamw_group(k, v, *spec[k], **({"row_sparse": True} if sparse and k == "ple_table" else {}))
             for k, v in groups.items() if v]

@@ -29,6 +29,7 @@ from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import write_json
 from plelab.model.accounting import flops_per_token
+from plelab.model.ple import TABLE_KEY
 from plelab.provenance import provenance
 from plelab.runtime import available_cores, resolve_device, seed_everything, setup_torch, uses_bf16
 from plelab.training import checkpoint as ckpt
@@ -39,8 +40,6 @@ from plelab.training.optim import adamw, lr_multiplier, set_lr
 from plelab.training.parallel import wrap_model
 from plelab.training.rows import RowCounter
 from plelab.training.task import Batch, Observer, RunEnv, Task
-
-TABLE_WEIGHT = "model.embed_tokens_per_layer.weight"
 
 
 @dataclass
@@ -86,7 +85,7 @@ class Trainer:
         self.rows = {name: RowCounter(n, self.device) for name, (n, _) in task.row_tables.items()}
         table_apart = self.sparse_table is not None or (cfg.ple.enabled and tc.table_device == "cpu")
         self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device, self.env.bf16,
-                                  ignore=[TABLE_WEIGHT] if table_apart else [])
+                                  ignore=[TABLE_KEY] if table_apart else [])
         self.opt = adamw(task.param_groups(self.model))
         self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
         self.tokens_per_step = task.tokens_per_step
@@ -353,7 +352,8 @@ class Trainer:
             "tokens_per_second": result.tokens_per_second, "world_size": self.dist.world_size,
             "skipped_steps": self.skipped_steps,
             "params": sum(p.numel() for p in self.model.parameters()),
-            **self.task.summary(self.model, self.step, self.row_counts()), **provenance(self.cfg, self.data_fingerprint)}
+            **self.task.summary(self.model, self.step, self.row_counts()),
+            **provenance(self.cfg, self.data_fingerprint)}
         try:
             write_json(self.run_dir / "summary.json", summary)
         except OSError as err:

@@ -17,7 +17,7 @@ from plelab.sweeps import stats
 from plelab.sweeps.results import collect
 from plelab.visual.report_fix import design_blocks
 from plelab.visual.report_plots import visual_plots
-from plelab.visual.study import visual_analysis
+from plelab.visual.study import MODES, visual_analysis
 
 
 def _ms(pair) -> str:
@@ -102,10 +102,10 @@ def flip_findings(analysis: dict) -> list[str]:
     if not comps:
         return []
     rows_by = {r["method"]: r for r in analysis["rows"]}
-    rates = ", ".join(f"{c['b'].split('-')[0]} {rows_by[c['b']]['flip_rate']:.2f} (chance "
+    rates = ", ".join(f"{MODES[c['b']][0]} {rows_by[c['b']]['flip_rate']:.2f} (chance "
                       f"{rows_by[c['b']]['flip_chance']:.2f})" for c in comps if c["b"] in rows_by)
-    hurt = [c["b"].split("-")[0] for c in comps if c["label"] in (stats.RISE, stats.SMALL_RISE)]
-    same = [c["b"].split("-")[0] for c in comps if c["label"] == stats.EQUIVALENT]
+    hurt = [MODES[c["b"]][0] for c in comps if c["label"] in (stats.RISE, stats.SMALL_RISE)]
+    same = [MODES[c["b"]][0] for c in comps if c["label"] == stats.EQUIVALENT]
     out = [f"ID flips: the online quantizers flip {rates} of the probe patches between evaluations. The seed's "
            "claim that flips waste what the table learned predicts online > frozen on content words: significant "
            f"for {', '.join(hurt) or 'none'}" + (f", equivalent within ±δ for {', '.join(same)}" if same else "")
@@ -113,7 +113,7 @@ def flip_findings(analysis: dict) -> list[str]:
     tables = {t["method"]: t for t in analysis["tables"] if t["table"] == "visual"}
     parts = []
     for c in comps:
-        q = c["b"].split("-")[0]
+        q = MODES[c["b"]][0]
         on, fr = tables.get(f"{q}-online"), tables.get(f"{q}-frozen")
         if on and fr:
             parts.append(f"{q} permute Δ content {on['permute_content'][0]:+.4f} online vs "

@@ -7,8 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from plelab.reports.figures import pyplot
-from plelab.reports.sweep_plots import save_figure
+from plelab.reports.figures import finish_axes, pyplot, save_figure
 from plelab.sweeps.results import SweepResults
 
 
@@ -97,10 +96,7 @@ def plot_curves(res: SweepResults, out: Path) -> Path:
     finite = [v for arm in res.runs.values() for r in arm.values() for _, v in r.val_history if math.isfinite(v)]
     if finite:
         ax.set_ylim(min(finite) - 0.05, min(finite) + 1.5)
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation caption loss")
-    ax.set_title("validation curves (every seed)")
-    ax.legend(fontsize=8)
+    finish_axes(ax, "step", "validation caption loss", "validation curves (every seed)")
     return save_figure(fig, out / "visual_curves.png")
 
 

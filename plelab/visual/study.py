@@ -28,7 +28,8 @@ from plelab.sweeps.spec import Arm, SweepSpec
 from plelab.visual.diagnostics import cross_seed
 
 OFFLINE = ("none", "dct-kmeans", "siglip-kmeans", "random", "oracle")
-ONLINE = tuple(f"{q}-{mode}" for q in QUANTIZER_IDS for mode in ("online", "frozen"))
+MODES = {f"{q}-{mode}": (q, mode) for q in QUANTIZER_IDS for mode in ("online", "frozen")}  # arm -> (quantizer, mode)
+ONLINE = tuple(MODES)
 METHODS = OFFLINE + ONLINE
 DESCRIPTIONS = {"none": "no visual table (baseline)", "dct-kmeans": "DCT + K-means (offline)",
                 "siglip-kmeans": "SigLIP-feature K-means (offline)", "random": "random IDs (null control)",
@@ -40,7 +41,7 @@ DESCRIPTIONS = {"none": "no visual table (baseline)", "dct-kmeans": "DCT + K-mea
 def method_overrides(method: str) -> list[str]:
     """The config overrides of one study arm: ``vq-online`` -> ``visual.ids=vq``, ``visual.online=true``."""
     if method in ONLINE:
-        kind, mode = method.split("-")
+        kind, mode = MODES[method]
         return [f"visual.ids={kind}", f"visual.online={'true' if mode == 'online' else 'false'}"]
     return [f"visual.ids={method}"]
 

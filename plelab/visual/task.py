@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from plelab.config.schema import QUANTIZER_IDS, RunConfig
-from plelab.runtime import seeded_generator
 from plelab.model.ple import token_table_ids
+from plelab.runtime import seeded_generator
 from plelab.training.optim import adamw_group, optimizer_groups, table_lr
 from plelab.training.rows import RowCounter
 from plelab.training.task import Batch, Task, TaskKind, register_task_kind
@@ -112,8 +112,8 @@ class VisualTask(Task):
             self.visual_rows.update(ids)
         device = self.env.device
         caps = self.data.train_caps[idx].to(device)
-        inputs = {"features": self.data.train_feats[idx].to(device), "patch_ids": None if ids is None else ids.to(device),
-                  "captions": caps}
+        inputs = {"features": self.data.train_feats[idx].to(device),
+                  "patch_ids": None if ids is None else ids.to(device), "captions": caps}
         rows = {name: token_table_ids(caps, n) for name, (n, _) in self.row_tables.items()}  # the caption's text rows
         return Batch(inputs, rows)
 
@@ -237,5 +237,6 @@ def _describe(cfg: RunConfig, data: VisualData) -> str:
 
 
 register_task_kind(TaskKind(
-    name="visual", prepare_data=lambda cfg, progress=True, dist=None: prepare_visual(cfg, log=print if progress else None),
+    name="visual",
+    prepare_data=lambda cfg, progress=True, dist=None: prepare_visual(cfg, log=print if progress else None),
     make_task=VisualTask, describe_data=_describe, warm_caches=warm_encoder))
