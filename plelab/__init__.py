@@ -25,6 +25,10 @@ _EXPORTS: dict[str, str] = {
     # the trainer's seams, for your own kinds of run and observers
     "Trainer": "plelab.training.trainer", "TrainResult": "plelab.training.trainer", "Task": "plelab.training.task",
     "Observer": "plelab.training.task", "TextTask": "plelab.training.text_task",
+    # PLE and its diagnostics in your own model and loop
+    "attach": "plelab.integrations.hf", "load_attached": "plelab.integrations.hf",
+    "param_groups": "plelab.training.optim", "adamw": "plelab.training.optim", "Monitor": "plelab.diagnostics.monitor",
+    "PLEModules": "plelab.model.ple",
 }
 # packages that register kinds of run (and their studies) when imported: loaded before any verb is returned
 _PLUGINS = ("plelab.visual",)

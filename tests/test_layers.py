@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     {"data"},
     {"training"},
     {"diagnostics"},
+    {"integrations"},
     {"runs"},
     {"sweeps"},
     {"reports"},

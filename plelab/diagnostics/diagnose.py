@@ -20,6 +20,7 @@ from plelab.config.schema import RunConfig
 from plelab.data.pipeline import prepare_data
 from plelab.data.tokens import PackedSampler, TokenData, val_windows
 from plelab.diagnostics.live import initial_table
+from plelab.diagnostics.monitor import MonitoredTable
 from plelab.diagnostics.predictive import id_information
 from plelab.diagnostics.structure import (
     StreamingMoments,
@@ -110,7 +111,8 @@ class RunTable:
 
     def __init__(self, source: TableSource, data: TokenData | None = None) -> None:
         if source.config is None:
-            raise PlelabError(f"{source.file} is not a plelab run: --reference and --null take plelab runs")
+            raise PlelabError(f"{source.file} is not a plelab run: --reference and --null take plelab runs or "
+                              "folders plelab.Monitor wrote")
         self.source, self.cfg, self.step = source, source.config, source.step
         self.data = data or prepare_data(self.cfg, progress=False)
         state = read_state(source.checkpoint, for_resume=False)
@@ -126,6 +128,22 @@ class RunTable:
         w0 = initial_table(self.cfg).view(self.table.shape)
         alpha = self.alpha if self.alpha is not None else weight_decay_shrink(self.cfg, self.step)
         self.delta = self.table - alpha * w0
+
+
+def table_of(source: TableSource) -> RunTable | MonitoredTable:
+    """What diagnose compares: a plelab run's table, or a checkpoint a Monitor wrote."""
+    return MonitoredTable(source) if source.monitor is not None else RunTable(source)
+
+
+def _monitored_use(run: MonitoredTable, report: dict) -> dict | None:
+    """The table-level use test a Monitor ran at this checkpoint (it holds the model and the windows)."""
+    if run.saved_use is None:
+        report["notes"].append("the Monitor was given no val_windows: no use test at this checkpoint")
+        return None
+    report["base_val_loss"] = run.saved_val_loss
+    report["notes"].append(f"use test: run by plelab.Monitor at step {run.step} on the validation windows it was "
+                           "given (whole table; no per-layer use)")
+    return run.saved_use
 
 
 def _wt_stats_streamed(source: TableSource, progress: bool) -> list[StreamingMoments]:
@@ -158,7 +176,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     layers = [{"layer": i, "wt_all": acc.finalize().to_dict(), "null_all": null_all.to_dict(), "mp_all": mp}
               for i, acc in enumerate(accs)]
     report["layers"] = layers
-    if source.config is None:
+    if source.config is None and source.monitor is None:
         report["notes"].append("W_t-only report: no W_0, row counts or model are known for a bare safetensors "
                                "table, so neither STRUCTURE nor USE can be decided (a Gaussian table already "
                                "has erank ≈ d and mean cos ≈ 0)")
@@ -167,16 +185,16 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         report["table"] = {"verdict": verdict().to_dict()}
         return report
 
-    run = RunTable(source)
-    if run.cfg.ple.table != "learned":
+    run = table_of(source)
+    if run.cfg is not None and run.cfg.ple.table != "learned":
         report["notes"].append(f"ple.table={run.cfg.ple.table}: the table was not trained (Δ = 0), so STRUCTURE does "
                                "not apply" + ("; the use test asks whether the model relies on its random rows"
                                               if run.cfg.ple.table == "frozen" else " and there is nothing to use"))
         reference = null_run = null_reference = None
         use = use and run.cfg.ple.table == "frozen"
-    ref = RunTable(find_table(reference)) if reference is not None else None
-    nul = RunTable(find_table(null_run)) if null_run is not None else None
-    nul_ref = RunTable(find_table(null_reference)) if null_reference is not None else None
+    ref = table_of(find_table(reference)) if reference is not None else None
+    nul = table_of(find_table(null_run)) if null_run is not None else None
+    nul_ref = table_of(find_table(null_reference)) if null_reference is not None else None
     for other, what in ((ref, "--reference"), (nul, "--null"), (nul_ref, "--null-reference")):
         if other is not None and other.delta.shape != run.delta.shape:
             raise PlelabError(f"{what} run's table has shape {list(other.delta.shape)}, this one "
@@ -215,7 +233,9 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         report["null_run_cka"] = null_run_cka
     use_table: dict | None = None
     use_layers: dict[int, dict] = {}
-    if use:
+    if use and run.cfg is None:
+        use_table = _monitored_use(run, report)
+    elif use:
         model = build_model(run.cfg.model, run.cfg.ple, seed=run.cfg.seed)
         load_model_weights(model, source.checkpoint)
         iid = (IIDTableIds(torch.from_numpy(run.data.train_counts(source.rows))) if run.cfg.ple.ids == "iid"

@@ -8,6 +8,7 @@ import contextlib
 
 import numpy as np
 import torch
+from torch import nn
 
 from plelab.config.schema import RunConfig
 from plelab.diagnostics.signal import SignalProbe, gradient_norms
@@ -15,7 +16,7 @@ from plelab.diagnostics.structure import matrix_stats
 from plelab.diagnostics.usage import use_metrics
 from plelab.diagnostics.verdict import use_verdict
 from plelab.model.init import initial_normal, table_init_std
-from plelab.model.ple import TABLE_KEY, IIDTableIds
+from plelab.model.ple import TABLE_KEY, IIDTableIds, PLEModules
 from plelab.model.transformer import PLECausalLM
 from plelab.training.task import Observer
 
@@ -74,26 +75,43 @@ def initial_table(cfg: RunConfig) -> torch.Tensor:
 @torch.no_grad()
 def checkpoint_diagnostics(model: PLECausalLM, cfg: RunConfig, counts: np.ndarray, alpha: float,
                            windows: torch.Tensor | None, device: torch.device, iid: IIDTableIds | None = None) -> dict:
-    """Structure of W_t and Δ = W_t − αW_0 on used rows per layer, and the table-level use test (``iid``: the
-    null control's id frequencies, for its evaluations).
+    """:func:`table_diagnostics` of a plelab run (W_0 regenerated from its seed; ``iid``: the null control's id
+    frequencies, for its evaluations).
 
     A frozen table has Δ = 0 (structure skipped, the use test still asks whether the model relies on
     its random rows); a zeroed table has neither.
     """
-    L, dP = cfg.model.num_hidden_layers, cfg.ple.dim
     if cfg.ple.table == "zero":
         return {"rows_used": int((counts > 0).sum()), "layers": [], "skipped": "ple.table=zero: no table signal"}
-    wt = model.model.embed_tokens_per_layer.weight.detach().float().cpu()
-    delta = wt - alpha * initial_table(cfg)
+    return table_diagnostics(model, initial_table(cfg), counts, alpha, windows, device, seed=cfg.seed, iid=iid,
+                             structure=cfg.ple.table == "learned")
+
+
+@torch.no_grad()
+def table_diagnostics(model: nn.Module, w0: torch.Tensor, counts: np.ndarray, alpha: float = 1.0,
+                      windows: torch.Tensor | None = None, device: torch.device | str = "cpu", *, seed: int = 0,
+                      iid: IIDTableIds | None = None, structure: bool = True) -> dict:
+    """Structure of W_t and Δ = W_t − αW_0 on the used rows of each layer, and the table-level use test, for
+    any model holding PLE modules.
+
+    ``w0 [Vp, L·dP]``: the table at step 0; ``counts [Vp]``: how often each row was looked up in training;
+    ``alpha``: Π(1 − lr·wd) of the table's group (1 without weight decay); ``windows [N, T+1]``: validation token
+    windows for the use test (None: no use test); ``structure``: False skips the per-layer structure (a frozen table).
+    """
+    ple = PLEModules(model)
+    L, dP = ple.num_layers, ple.dim
+    wt = ple.table.detach().float().cpu()
     used = counts > 0
     out: dict = {"rows_used": int(used.sum()), "layers": []}
-    for i in range(L if cfg.ple.table == "learned" else 0):
-        cols = slice(i * dP, (i + 1) * dP)
-        out["layers"].append({"layer": i, "wt_used": matrix_stats(wt[used][:, cols]).to_dict(),
-                              "delta_used": matrix_stats(delta[used][:, cols]).to_dict()})
+    if structure:
+        delta = wt - alpha * w0.float().view(wt.shape)
+        for i in range(L):
+            cols = slice(i * dP, (i + 1) * dP)
+            out["layers"].append({"layer": i, "wt_used": matrix_stats(wt[used][:, cols]).to_dict(),
+                                  "delta_used": matrix_stats(delta[used][:, cols]).to_dict()})
     if windows is not None and len(windows):
-        base, results = use_metrics(model, windows, initial_table(cfg), counts, batch=16, device=device,
-                                    per_layer=False, seed=cfg.seed, iid=iid)
+        base, results = use_metrics(model, windows, w0, counts, batch=16, device=device, per_layer=False, seed=seed,
+                                    iid=iid)
         out["val_loss"] = base
         out["use"] = {r.kind: r.to_dict() for r in results}
         perm = out["use"]["permute"]

@@ -19,11 +19,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 from plelab.diagnostics.structure import effective_rank
-from plelab.model.transformer import PLECausalLM
+from plelab.model.ple import PLEModules
 
 _MAX_TOKENS = 1024
+TRUNK_BLOCKS = ("self_attn", "attention", "mlp")  # a decoder layer's attention and MLP (GPT-NeoX: attention)
 
 
 def _rms(x: torch.Tensor) -> float:
@@ -69,9 +71,9 @@ class SignalProbe:
     :class:`~plelab.model.ple.PerLayerInjection` (``h``, ``p`` -> branch); the hooks are removed on exit.
     """
 
-    def __init__(self, model: PLECausalLM) -> None:
-        self.model = model
-        L = model.mc.num_hidden_layers
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.ple = model, PLEModules(model)
+        L = self.ple.num_layers
         self.stats: dict[str, list] = {k: [None] * L for k in ("snr", "branch_erank", "gate", "table_to_proj")}
         self._handles: list = []
 
@@ -100,10 +102,9 @@ class SignalProbe:
             self.stats["table_to_proj"] = (zr / cr).tolist()
 
     def __enter__(self) -> SignalProbe:
-        tm = self.model.model
-        self._handles = [tm.per_layer_embedding.register_forward_hook(self._input_hook)]
-        self._handles += [layer.per_layer_injection.register_forward_hook(self._layer_hook(i))
-                          for i, layer in enumerate(tm.layers)]
+        self._handles = [self.ple.embedding.register_forward_hook(self._input_hook)]
+        self._handles += [injection.register_forward_hook(self._layer_hook(i))
+                          for i, injection in enumerate(self.ple.injections)]
         return self
 
     def __exit__(self, *exc) -> None:
@@ -115,18 +116,24 @@ class SignalProbe:
         return dict(self.stats)
 
 
-def gradient_norms(model: PLECausalLM) -> dict[str, list]:
-    """Per-layer gradient norms after a backward: table slice, gate, projection and trunk."""
-    tm, dP = model.model, model.pc.dim
-    table_grad = row_gradient(tm.embed_tokens_per_layer.weight)  # dense, or the rows of a sparse gradient
+def gradient_norms(model: nn.Module) -> dict[str, list]:
+    """Per-layer gradient norms after a backward: table slice, gate, projection and trunk (the decoder layer's
+    attention and MLP; the layer's other non-PLE parameters where it names neither)."""
+    ple = PLEModules(model)
+    dP = ple.dim
+    table_grad = row_gradient(ple.table)  # dense, or the rows of a sparse gradient
+    own = {id(p) for p in ple.parameters()}
     out: dict[str, list] = {"grad_table": [], "grad_gate": [], "grad_proj": [], "grad_trunk": []}
-    for i, layer in enumerate(tm.layers):
+    for i, injection in enumerate(ple.injections):
+        layer = injection.owner
         out["grad_table"].append(None if table_grad is None else
                                  float(_sq_sum(table_grad, slice(i * dP, (i + 1) * dP)).sqrt()))
-        gate = (layer.per_layer_input_gate.weight if layer.gate_kind == "gemma"
+        gate = (layer.per_layer_input_gate.weight if injection.gate == "gemma"
                 else getattr(layer, "per_layer_gate", None))
         out["grad_gate"].append(None if gate is None else _norm(gate.grad))
         out["grad_proj"].append(_norm(layer.per_layer_projection.weight.grad))
-        trunk = [_sq_sum(p.grad) for m in (layer.self_attn, layer.mlp) for p in m.parameters() if p.grad is not None]
+        blocks = [getattr(layer, n) for n in TRUNK_BLOCKS if isinstance(getattr(layer, n, None), nn.Module)]
+        params = [p for b in blocks for p in b.parameters()] or [p for p in layer.parameters() if id(p) not in own]
+        trunk = [_sq_sum(p.grad) for p in params if p.grad is not None]
         out["grad_trunk"].append(float(torch.stack(trunk).sum().sqrt()) if trunk else None)
     return out

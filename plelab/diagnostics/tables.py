@@ -38,6 +38,7 @@ class TableSource:
     step: int | None = None
     run_dir: Path | None = None
     checkpoint: Path | None = None
+    monitor: dict | None = None  # monitor.json of a folder plelab.Monitor wrote (W_0, counts and use are there)
 
     def chunks(self, chunk_rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield ``(first_row, rows [r, L, dP] float32)`` over the whole table.
@@ -84,7 +85,8 @@ def _hf_dims(folder: Path) -> tuple[int | None, int | None]:
     text = cfg.get("text_config") or cfg if isinstance(cfg, dict) else {}
     if not isinstance(text, dict):
         return None, None
-    return text.get("num_hidden_layers"), text.get("hidden_size_per_layer_input")
+    attached = text.get("plelab_ple") if isinstance(text.get("plelab_ple"), dict) else {}  # plelab.attach's entry
+    return text.get("num_hidden_layers"), text.get("hidden_size_per_layer_input") or attached.get("dim")
 
 
 def _find_in_safetensors(path: Path) -> tuple[Path, str, tuple]:
@@ -106,11 +108,46 @@ def _find_in_safetensors(path: Path) -> tuple[Path, str, tuple]:
     raise PlelabError(f"no tensor named '*{TABLE_SUFFIX}' in {path}; is it a Gemma 3n / Gemma 4 or plelab model?")
 
 
+MONITOR_FILE, MONITOR_TABLE = "monitor.json", "ple_table.safetensors"
+
+
+def _monitored(p: Path, num_layers: int | None, dim: int | None) -> TableSource | None:
+    """The table of a folder :class:`plelab.Monitor` wrote (its run folder or one of its checkpoints), else None."""
+    if p.is_dir() and (p / MONITOR_FILE).exists():
+        run_dir = p
+        found = [c for c in list_checkpoints(p) if (c / MONITOR_TABLE).exists()]
+        if not found:
+            raise PlelabError(f"{p} has no monitor checkpoint yet; give the Monitor checkpoint_every or call "
+                              "monitor.checkpoint(step)")
+        ckpt = found[-1]
+    elif p.is_dir() and (p / MONITOR_TABLE).exists() and (p.parent.parent / MONITOR_FILE).exists():
+        ckpt, run_dir = p, p.parent.parent
+    else:
+        return None
+    try:
+        monitor = json.loads((run_dir / MONITOR_FILE).read_text())
+        rows, layers, d = (int(x) for x in monitor["shape"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise PlelabError(f"{run_dir / MONITOR_FILE} is damaged (no valid shape); it is written by plelab.Monitor"
+                          ) from None
+    if (num_layers or layers) != layers or (dim or d) != d:
+        raise PlelabError(f"--num-layers/--dp disagree with the monitor's table (L={layers}, dP={d}); drop them")
+    file, key, shape = _find_in_safetensors(ckpt / MONITOR_TABLE)
+    if tuple(shape) != (rows, layers * d):
+        raise PlelabError(f"{file}: table {key} has shape {list(shape)}, monitor.json says {[rows, layers * d]}")
+    return TableSource(file=file, key=key, rows=rows, num_layers=layers, dim=d, step=int(ckpt.name[5:]),
+                       run_dir=run_dir, checkpoint=ckpt, monitor=monitor)
+
+
 def find_table(path: str | Path, num_layers: int | None = None, dim: int | None = None) -> TableSource:
-    """Resolve a run folder, a checkpoint folder, or a safetensors file/folder to its per-layer table."""
+    """Resolve a run folder, a checkpoint folder, a folder plelab.Monitor wrote, or a safetensors file/folder
+    to its per-layer table."""
     p = Path(path)
     if not p.exists():
         raise PlelabError(f"{p} does not exist; pass a run folder, a checkpoint folder or a .safetensors file")
+    monitored = _monitored(p, num_layers, dim)
+    if monitored is not None:
+        return monitored
     run_dir = ckpt = None
     cfg = step = None
     if p.is_dir() and (p / "config.json").exists() and (p / "checkpoints").is_dir():

@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 from plelab.model.losses import window_losses
-from plelab.model.ple import IIDTableIds
-from plelab.model.transformer import PLECausalLM
+from plelab.model.ple import IIDTableIds, PLEModules
 
 
 @dataclass
@@ -71,19 +71,20 @@ def weight_swapped(weight: torch.nn.Parameter, values: torch.Tensor):
             weight.copy_(saved)
 
 
-def table_swapped(model: PLECausalLM, new_weight: torch.Tensor):
+def table_swapped(model: nn.Module, new_weight: torch.Tensor):
     """Temporarily replace the per-layer table's values."""
-    return weight_swapped(model.model.embed_tokens_per_layer.weight, new_weight)
+    return weight_swapped(PLEModules(model).table, new_weight)
 
 
-def use_metrics(model: PLECausalLM, windows: torch.Tensor, w0: torch.Tensor, counts: np.ndarray, batch: int,
+def use_metrics(model: nn.Module, windows: torch.Tensor, w0: torch.Tensor, counts: np.ndarray, batch: int,
                 device: torch.device, per_layer: bool = True, seed: int = 0,
                 iid: IIDTableIds | None = None) -> tuple[float, list[Intervention]]:
     """Base validation loss and the reset / permute interventions (whole table, then each layer); ``iid``: see
     :func:`window_losses`."""
-    L, dP = model.mc.num_hidden_layers, model.pc.dim
+    ple = PLEModules(model)
+    L, dP = ple.num_layers, ple.dim
     base = window_losses(model, windows, batch, device, iid)
-    wt = model.model.embed_tokens_per_layer.weight.detach().float().cpu()
+    wt = ple.table.detach().float().cpu()
     perm = within_bin_permutation(counts, seed)
     variants = {"reset": w0.reshape(wt.shape), "permute": wt[perm]}
     results = []

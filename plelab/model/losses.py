@@ -26,7 +26,7 @@ def window_losses(model: nn.Module, windows: torch.Tensor, batch: int, device: t
         ids = None
         if iid is not None:
             ids = iid.draw(inputs, torch.Generator(device=iid.probs.device).manual_seed(1_000_003 + i))
-        logits = model(inputs, table_ids=ids).logits.float()
+        logits = (model(inputs) if ids is None else model(inputs, table_ids=ids)).logits.float()
         ce = F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")
         out.append(ce.mean(1).cpu())
     model.train(was)

@@ -188,3 +188,46 @@ class PerLayerInjection(nn.Module):
         if self.gate in ("scalar", "vector"):
             out = out * o.per_layer_gate
         return out
+
+
+class PLEModules:
+    """The PLE modules inside a model, found by where they are kept: ``embedding`` (the module some submodule keeps
+    as ``per_layer_embedding``) and ``injections`` (each decoder layer's ``per_layer_injection``, in layer order).
+
+    Works for plelab's model and for an HF decoder after :func:`plelab.attach`; raises ``LookupError`` when the
+    model has none (``ple.dim=0``, or a model PLE was never added to).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        embeddings, self.injections = [], []
+        for module in model.modules():
+            if isinstance(getattr(module, "per_layer_embedding", None), PerLayerEmbedding):
+                embeddings.append(module.per_layer_embedding)
+            if isinstance(getattr(module, "per_layer_injection", None), PerLayerInjection):
+                self.injections.append(module.per_layer_injection)
+        if len(embeddings) != 1 or len(self.injections) != embeddings[0].num_layers:
+            raise LookupError(f"the model has {len(embeddings)} per-layer embeddings and {len(self.injections)} "
+                              "per-layer injections; PLE modules are one embedding and one injection per layer")
+        self.embedding: PerLayerEmbedding = embeddings[0]
+
+    @property
+    def table(self) -> nn.Parameter:
+        """The per-layer table ``[Vp, L·dP]`` (HF ``embed_tokens_per_layer.weight``)."""
+        return self.embedding.owner.embed_tokens_per_layer.weight
+
+    @property
+    def dim(self) -> int:
+        return self.embedding.dim
+
+    @property
+    def num_layers(self) -> int:
+        return self.embedding.num_layers
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Every PLE tensor (table, model projection and norm, each layer's gate, projection and norm)."""
+        owners = [(self.embedding.owner, ("embed_tokens_per_layer", "per_layer_model_projection",
+                                          "per_layer_projection_norm"))]
+        owners += [(inj.owner, ("per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm"))
+                   for inj in self.injections]
+        out = [p for owner, names in owners for n in names if hasattr(owner, n) for p in getattr(owner, n).parameters()]
+        return out + [inj.owner.per_layer_gate for inj in self.injections if inj.gate in ("scalar", "vector")]

@@ -1,4 +1,4 @@
-"""AdamW with explicit parameter groups built from the accounting groups, and the LR schedule.
+"""AdamW with explicit parameter groups (by what each parameter is), and the LR schedule.
 
 Groups (they partition the model's parameters; asserted):
 
@@ -20,30 +20,54 @@ import torch
 from torch import nn
 
 from plelab.config.schema import TrainConfig
-from plelab.model.accounting import param_groups
+from plelab.model.ple import PLEModules
 from plelab.training.sparse import RowSparseAdamW
 
 
-def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:
-    groups = {"decay": [], "no_decay": [], "ple_table": []}
-    frozen = 0
-    for acc_group, members in param_groups(model).items():
-        for name, p in members:
-            if not p.requires_grad:  # ple.table=frozen|zero
-                frozen += 1
-            elif acc_group == "ple_table":
-                groups["ple_table"].append(p)
-            elif p.ndim < 2 or acc_group == "embed_tokens":
-                groups["no_decay"].append(p)
-            else:
-                groups["decay"].append(p)
-    n = sum(len(v) for v in groups.values())
-    assert n + frozen == len(list(model.parameters())), "optimizer groups do not cover the model"
-    spec = {"decay": (tc.lr, tc.weight_decay), "no_decay": (tc.lr, 0.0),
-            "ple_table": (table_lr(tc), tc.table_weight_decay)}
-    sparse = tc.table_optimizer == "row-sparse"
+def param_groups(model: nn.Module, *, lr: float, table_lr: float | None = None, weight_decay: float = 0.0,
+                 table_weight_decay: float = 0.0) -> list[dict]:
+    """plelab's AdamW groups for any model holding PLE modules (plelab's, or an HF model after ``attach``).
+
+    ``decay``: matrices (``weight_decay``); ``no_decay``: vectors and scalars (norm weights, learned gates,
+    biases) and input-embedding tables; ``ple_table``: the per-layer table (``table_lr``, default ``lr``;
+    ``table_weight_decay``), marked ``row_sparse`` when its gradients are (``sparse_table=True``) so that
+    :func:`adamw` steps it row by row. Frozen parameters are left out. The groups cover every trainable
+    parameter (asserted). For a model without PLE there is no ``ple_table`` group.
+    """
+    try:
+        table = PLEModules(model).table
+    except LookupError:
+        table = None
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    groups: dict[str, list] = {"decay": [], "no_decay": [], "ple_table": []}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for p in trainable:
+        if p is table:
+            groups["ple_table"].append(p)
+        elif p.ndim < 2 or id(p) in embeddings:
+            groups["no_decay"].append(p)
+        else:
+            groups["decay"].append(p)
+    assert sum(len(v) for v in groups.values()) == len(trainable), "optimizer groups do not cover the model"
+    spec = {"decay": (lr, weight_decay), "no_decay": (lr, 0.0),
+            "ple_table": (lr if table_lr is None else table_lr, table_weight_decay)}
+    sparse = table is not None and table.requires_grad and _is_sparse(model, table)
     return [adamw_group(k, v, *spec[k], **({"row_sparse": True} if sparse and k == "ple_table" else {}))
             for k, v in groups.items() if v]
+
+
+def _is_sparse(model: nn.Module, table: nn.Parameter) -> bool:
+    return any(isinstance(m, nn.Embedding) and m.weight is table and m.sparse for m in model.modules())
+
+
+def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:
+    """:func:`param_groups` with ``train.*``'s learning rates and weight decays."""
+    groups = param_groups(model, lr=tc.lr, table_lr=table_lr(tc), weight_decay=tc.weight_decay,
+                          table_weight_decay=tc.table_weight_decay)
+    for g in groups:
+        if g["name"] == "ple_table" and tc.table_optimizer == "row-sparse":
+            g["row_sparse"] = True
+    return groups
 
 
 def table_lr(tc: TrainConfig) -> float:

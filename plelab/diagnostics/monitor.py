@@ -1,0 +1,226 @@
+"""PLE diagnostics for any training loop: :class:`Monitor` (plelab's live and at-checkpoint diagnostics, by hooks).
+
+In a plain loop::
+
+    monitor = plelab.Monitor(model, "runs/mine", every=10, checkpoint_every=100, val_windows=val)
+    for step in range(steps):
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        monitor.step(step)          # after backward, before zero_grad: gradients are read here
+        opt.step(); opt.zero_grad()
+    monitor.close()
+
+What it writes (rank 0; the row counts are summed over ranks under torchrun), in plelab's own formats:
+
+- ``metrics.jsonl``: every ``every`` steps a row ``{"step", "diag": {...}}`` — per-layer injection SNR, gate
+  activity, table/projection RMS ratio, branch effective rank, gradient norms of table slice / gate / projection
+  vs the layer's trunk, and the share of table rows looked up so far (:mod:`plelab.diagnostics.signal`);
+- ``checkpoints/step-00000N/``: ``diagnostics.json`` (structure of W_t and Δ = W_t − W_0 on the used rows, and the use
+  test on ``val_windows``), ``ple_table.safetensors`` (the table and ``diag.row_counts``) — what ``plelab diagnose``
+  reads;
+- ``monitor.json``: the table's shape and where W_0 comes from.
+
+W_0: regenerated from the seed when :func:`plelab.attach` initialised the table (its arguments are in the model's
+config), otherwise one snapshot of the table at construction, written to ``w0.safetensors`` and memory-mapped at
+each checkpoint (disk: one table's bytes; memory: none held between checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from plelab.diagnostics.live import table_diagnostics
+from plelab.diagnostics.signal import SignalProbe, gradient_norms
+from plelab.distributed import DistInfo, sum_across_ranks
+from plelab.errors import PlelabError
+from plelab.io import atomic_write, write_json
+from plelab.model.loading import mmap_tensor
+from plelab.model.ple import TABLE_KEY, PLEModules
+from plelab.training.rows import RowCounter
+
+W0_FILE, TABLE_FILE, COUNTS_KEY = "w0.safetensors", "ple_table.safetensors", "diag.row_counts"
+ATTACH_CONFIG_KEY = "plelab_ple"  # where plelab.attach keeps its arguments in an HF config
+
+
+def _current_dist() -> DistInfo:
+    if dist.is_available() and dist.is_initialized():
+        return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size())
+    return DistInfo()
+
+
+def attach_init(model: nn.Module) -> dict | None:
+    """``{"seed", "init_std"}`` of the table init :func:`plelab.attach` recorded in the model's config, or None."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    saved = getattr(config, ATTACH_CONFIG_KEY, None) if config is not None else None
+    if not isinstance(saved, dict) or "seed" not in saved or "init_std" not in saved:
+        return None
+    return {"seed": int(saved["seed"]), "init_std": float(saved["init_std"])}
+
+
+def regenerated_table(shape: tuple[int, int], seed: int, init_std: float, dtype: torch.dtype = torch.float32):
+    """The table :func:`plelab.attach` initialised: normal(0, init_std) from ``seed``, drawn first, rounded to
+    ``dtype`` as attach stored it; returned as float32 ``[Vp, L·dP]``."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.empty(tuple(shape)).normal_(0.0, init_std, generator=g).to(dtype).float()
+
+
+def regenerated_w0(model: nn.Module) -> torch.Tensor | None:
+    """The table at step 0 from the seed :func:`plelab.attach` recorded, or None where it recorded none."""
+    init = attach_init(model)
+    if init is None:
+        return None
+    table = PLEModules(model).table
+    return regenerated_table(tuple(table.shape), init["seed"], init["init_std"], table.dtype)
+
+
+class Monitor:
+    """Live and at-checkpoint PLE diagnostics of ``model`` (plelab's, or an HF model after ``attach``), written
+    under ``out``.
+
+    ``every``: signal metrics every this many steps (0: never); ``checkpoint_every``: structure + use diagnostics
+    every this many steps (0: only when :meth:`checkpoint` is called); ``val_windows [N, T+1]``: token windows for
+    the use test (None: no use test); ``w0``: ``"auto"`` (regenerate if plelab initialised the table, else snapshot)
+    or ``"snapshot"``; ``seed``: the use test's permutation seed.
+    """
+
+    def __init__(self, model: nn.Module, out: str | Path, *, every: int = 50, checkpoint_every: int = 0,
+                 val_windows: torch.Tensor | None = None, w0: str = "auto", seed: int = 0) -> None:
+        try:
+            self.ple = PLEModules(model)
+        except LookupError as err:
+            raise PlelabError(f"plelab.Monitor needs a model with PLE modules ({err}); add them with "
+                              "plelab.attach(model, dim) or build a plelab model with ple.dim > 0") from None
+        for name, value in (("every", every), ("checkpoint_every", checkpoint_every)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PlelabError(f"Monitor {name} must be an integer >= 0, got {value!r}")
+        if w0 not in ("auto", "snapshot"):
+            raise PlelabError(f"Monitor w0 must be 'auto' or 'snapshot', got {w0!r}")
+        if val_windows is not None and (not isinstance(val_windows, torch.Tensor) or val_windows.ndim != 2
+                                        or val_windows.shape[1] < 2 or val_windows.is_floating_point()):
+            raise PlelabError("Monitor val_windows must be an integer tensor [N, T+1] of token ids (T >= 1)")
+        self.model, self.out = model, Path(out)
+        self.every, self.checkpoint_every, self.val_windows, self.seed = every, checkpoint_every, val_windows, seed
+        self.dist = _current_dist()
+        table = self.ple.table
+        self.rows = RowCounter(table.shape[0], table.device)
+        self.probe: SignalProbe | None = None
+        self._handles = [self.ple.embedding.register_forward_hook(self._count)]
+        self.w0_source, self.w0_init = "regenerated from the attach seed", attach_init(model)
+        if w0 == "snapshot" or self.w0_init is None:
+            self.w0_init = None
+            self.w0_source = f"snapshot at construction ({table.numel() * 4:,} bytes on disk)"
+            if self.dist.is_main:
+                snapshot = {TABLE_KEY: table.detach().float().cpu().contiguous()}
+                atomic_write(self.out / W0_FILE, lambda p: save_file(snapshot, str(p)))
+        if self.dist.is_main:
+            write_json(self.out / "monitor.json", {"table_key": TABLE_KEY, "shape": [table.shape[0],
+                       self.ple.num_layers, self.ple.dim], "w0": self.w0_source, "w0_init": self.w0_init,
+                       "table_dtype": str(table.dtype).removeprefix("torch."), "every": every,
+                       "checkpoint_every": checkpoint_every, "seed": seed})
+        self._arm(0)
+
+    def _count(self, embedding, args, _out) -> None:
+        table_ids = args[1] if len(args) > 1 else None
+        if embedding.owner.training and torch.is_grad_enabled():
+            self.rows.update(table_ids)
+
+    def _due(self, step: int) -> bool:
+        return bool(self.every) and (step + 1) % self.every == 0
+
+    def _arm(self, step: int) -> None:
+        if self._due(step) and self.probe is None:
+            self.probe = SignalProbe(self.model).__enter__()
+
+    def step(self, step: int) -> dict:
+        """Call after the backward of training step ``step`` (0-based), before the gradients are zeroed. Returns the
+        row written to ``metrics.jsonl`` ({} on steps without diagnostics)."""
+        row: dict = {}
+        if self.probe is not None:
+            self.probe.__exit__(None, None, None)
+            if self._due(step):
+                diag = {**self.probe.summary(), **gradient_norms(self.model),
+                        "rows_touched": self.rows.fraction_touched(self.dist)}
+                row = {"step": step, "diag": diag}
+                if self.dist.is_main:
+                    with (self.out / "metrics.jsonl").open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+            self.probe = None
+        if self.checkpoint_every and (step + 1) % self.checkpoint_every == 0:
+            self.checkpoint(step + 1)
+        self._arm(step + 1)
+        return row
+
+    def w0(self) -> torch.Tensor:
+        """The table at step 0, ``[Vp, L·dP]`` float32 (memory-mapped when it is the snapshot)."""
+        if self.w0_init is None:
+            return mmap_tensor(self.out / W0_FILE, TABLE_KEY)
+        return regenerated_w0(self.model)
+
+    def checkpoint(self, step: int, val_windows: torch.Tensor | None = None) -> dict | None:
+        """Write ``checkpoints/step-{step:06d}/`` (diagnostics.json, ple_table.safetensors) and return the diagnostics
+        (rank 0; other ranks take part in the row-count sum and return None). ``val_windows``: this call's use-test
+        windows instead of the monitor's own."""
+        counts = sum_across_ranks(self.rows.counts, self.dist).cpu()  # a collective: every rank calls it
+        if not self.dist.is_main:
+            return None
+        folder = self.out / "checkpoints" / f"step-{step:06d}"
+        model = getattr(self.model, "module", self.model)  # the use test runs on rank 0 alone: not through DDP
+        device = self.ple.embedding.owner.per_layer_model_projection.weight.device
+        diags = {"step": step, "w0": self.w0_source,
+                 **table_diagnostics(model, self.w0(), counts.numpy().astype(np.float64), 1.0,
+                                     self.val_windows if val_windows is None else val_windows, device, seed=self.seed)}
+        tensors = {TABLE_KEY: self.ple.table.detach().float().cpu().contiguous(), COUNTS_KEY: counts.cpu()}
+        atomic_write(folder / TABLE_FILE, lambda p: save_file(tensors, str(p)))
+        write_json(folder / "diagnostics.json", diags)
+        return diags
+
+    def close(self) -> None:
+        """Remove every hook this monitor put on the model."""
+        if self.probe is not None:
+            self.probe.__exit__(None, None, None)
+            self.probe = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class MonitoredTable:
+    """A checkpoint a :class:`Monitor` wrote, read back for ``plelab diagnose``: the table ``[Vp, L, dP]``, its row
+    counts, Δ = W_t − W_0 and the use test the monitor ran (``saved_use``; None when it had no windows)."""
+
+    cfg = None  # not a plelab run: nothing to rebuild the model or its data from
+
+    def __init__(self, source) -> None:
+        monitor, ckpt = source.monitor, source.checkpoint
+        self.source, self.step = source, source.step
+        self.table = source.load()
+        try:
+            with safe_open(str(ckpt / TABLE_FILE), framework="pt") as f:
+                self.counts = f.get_tensor(COUNTS_KEY).numpy().astype(np.float64)
+            saved = json.loads((ckpt / "diagnostics.json").read_text())
+        except (OSError, ValueError, SafetensorError) as err:
+            raise PlelabError(f"{ckpt} is not a complete monitor checkpoint ({err}); it is written by "
+                              "plelab.Monitor.checkpoint") from None
+        init = monitor.get("w0_init")
+        if init:
+            dtype = getattr(torch, str(monitor.get("table_dtype", "float32")), torch.float32)
+            w0 = regenerated_table((source.rows, source.num_layers * source.dim), int(init["seed"]),
+                                   float(init["init_std"]), dtype)
+        else:
+            w0 = mmap_tensor(source.run_dir / W0_FILE, TABLE_KEY)
+        self.delta = self.table - w0.float().view(self.table.shape)
+        self.saved_use, self.saved_val_loss = saved.get("use"), saved.get("val_loss")

@@ -1,0 +1,248 @@
+"""Gemma-style PLE added to an HF decoder-only causal LM: :func:`attach`, and the round trip through disk.
+
+What :func:`attach` does to ``model`` (a ``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ... built by transformers):
+
+- registers Gemma's PLE tensors next to the host's, under Gemma's names: ``embed_tokens_per_layer``,
+  ``per_layer_model_projection`` and ``per_layer_projection_norm`` on the base model (``model.model``),
+  ``per_layer_input_gate``, ``per_layer_projection`` and ``post_per_layer_input_norm`` on each decoder layer —
+  so ``state_dict`` and ``save_pretrained`` carry ``model.embed_tokens_per_layer.weight``,
+  ``model.layers.{l}.per_layer_projection.weight``, ... (``ple_reference.md`` §1.1);
+- hooks the forward: the base model's input ids and the input-embedding module's output ``e [B,T,H]`` give the
+  per-layer inputs ``P = PerLayerEmbedding(e, ids) [B,T,L,dP]`` (§1.2), and each decoder layer's output gets
+  ``h ← h + PerLayerInjection(h, P[:, :, l])`` — the Gemma 4 plain form, after the MLP's residual add (§1.3).
+
+``P`` lives in a frame opened by the base model's forward and closed when that forward returns or raises: nothing
+outlives the call, and one process per replica (DDP, FSDP) keeps its own frames. The host's embedding scale (Gemma
+multiplies by √H, Llama does not) reaches ``c`` only through the RMSNorm's ``eps``: the projection is normalised.
+
+Init: ``"gemma"`` is HF's (normal(0, ``initializer_range``), norm weights 1). ``"function-preserving"`` is the same
+with the branch's last factor at zero — the post-norm weight (``gemma`` gate), the learned gate (``scalar`` /
+``vector``) or the projection (``none``) — so the logits equal the host's at step 0, the zeroed factor gets a
+gradient at the first step and every other PLE tensor from the second. Zeroing the projection under the Gemma
+gate would instead feed the post-norm an exact zero (unstable), which is why the norm weight is the one zeroed.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from plelab.config.schema import GATE_KINDS
+from plelab.diagnostics.monitor import ATTACH_CONFIG_KEY as PLE_CONFIG_KEY
+from plelab.errors import PlelabError
+from plelab.model.ple import PerLayerEmbedding, PerLayerInjection, PLEModules, keep_unregistered, token_table_ids
+
+# Families transformers builds offline from a config whose layout attach knows (model_type -> how it is reached).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gpt_neox")
+TESTED_TRANSFORMERS = ("5.23",)  # major.minor versions the test suite ran attach under
+INITS = ("function-preserving", "gemma")
+
+
+def check_transformers(version: str, allow_untested: bool = False) -> None:
+    """Refuse a transformers version attach was not tested under (``allow_untested`` lets it run anyway)."""
+    if allow_untested or ".".join(version.split(".")[:2]) in TESTED_TRANSFORMERS:
+        return
+    raise PlelabError(f"plelab.attach is tested with transformers {', '.join(v + '.x' for v in TESTED_TRANSFORMERS)}"
+                      f", this is {version}: install one of those (pip install 'transformers=="
+                      f"{TESTED_TRANSFORMERS[-1]}.*'), or pass allow_untested_transformers=True to try anyway")
+
+
+def _host_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.ModuleList, object]:
+    """``(base model, input-embedding module, decoder layers, text config)`` of a supported HF causal LM."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "get_input_embeddings") or not hasattr(model, "base_model"):
+        raise PlelabError(f"plelab.attach takes an HF transformers causal LM (a PreTrainedModel), not "
+                          f"{type(model).__name__}; for plelab's own model set ple.dim in its config instead")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kind = getattr(text, "model_type", None)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        already = " (it has per-layer embeddings already)" if getattr(text, "hidden_size_per_layer_input", 0) else ""
+        raise PlelabError(f"plelab.attach does not support model_type {kind!r}{already}; supported: "
+                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    base = model.base_model
+    layers = getattr(base, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) != text.num_hidden_layers:
+        raise PlelabError(f"{type(model).__name__}: its base model has no list of {text.num_hidden_layers} decoder "
+                          "layers where attach expects it (base_model.layers); this transformers version lays the "
+                          "model out differently")
+    return base, model.get_input_embeddings(), layers, text
+
+
+class _Frames(threading.local):
+    """The per-call hand-off of ``P``: one frame per base-model forward in flight on this thread."""
+
+    def __init__(self) -> None:
+        self.stack: list[dict] = []
+
+
+class Attachment:
+    """The forward hooks that run attached PLE; kept on the base model as ``plelab_attachment`` (unregistered).
+
+    ``remove()`` takes the hooks off (the tensors stay registered).
+    """
+
+    def __init__(self, base: nn.Module, embed: nn.Module, layers: nn.ModuleList, embedding: PerLayerEmbedding,
+                 injections: list[PerLayerInjection]) -> None:
+        self.base, self.layers, self.embedding, self.injections = base, layers, embedding, injections
+        self.frames = _Frames()
+        self.handles = [base.register_forward_pre_hook(self._open, with_kwargs=True),
+                        base.register_forward_hook(self._close, always_call=True),
+                        embed.register_forward_hook(self._embedded)]
+        self.handles += [layer.register_forward_hook(self._layer_hook(i)) for i, layer in enumerate(layers)]
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _open(self, base, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        table_ids = kwargs.pop("table_ids", None)
+        embeds = kwargs.get("inputs_embeds")
+        if base.training and any(getattr(layer, "gradient_checkpointing", False) for layer in self.layers):
+            raise PlelabError("attached PLE does not run under gradient checkpointing (the recomputed layers would "
+                              "miss their per-layer inputs): call model.activation_checkpointing_disable()")
+        if table_ids is None:
+            if ids is None:
+                raise PlelabError("attached PLE needs input_ids (the per-layer table is indexed by token id): pass "
+                                  "input_ids, or inputs_embeds together with table_ids=[B,T] row ids")
+            table_ids = token_table_ids(ids, self.embedding.owner.embed_tokens_per_layer.num_embeddings)
+        frame = {"ids": table_ids, "P": None}
+        if embeds is not None:
+            frame["P"] = self.embedding(embeds, table_ids)
+        self.frames.stack.append(frame)
+        return args, kwargs
+
+    def _close(self, base, args, kwargs_or_out, *rest) -> None:
+        if self.frames.stack:
+            self.frames.stack.pop()
+
+    def _embedded(self, embed, args, e) -> None:
+        if self.frames.stack and self.frames.stack[-1]["P"] is None:
+            frame = self.frames.stack[-1]
+            frame["P"] = self.embedding(e, frame["ids"])
+
+    def _layer_hook(self, index: int):
+        injection = self.injections[index]
+
+        def hook(layer, args, out):
+            if not self.frames.stack or self.frames.stack[-1]["P"] is None:
+                return out
+            p = self.frames.stack[-1]["P"][:, :, index]
+            if isinstance(out, tuple):
+                return (out[0] + injection(out[0], p), *out[1:])
+            return out + injection(out, p)
+        return hook
+
+
+def attach(model: nn.Module, dim: int, *, gate: str = "gemma", vocab_size: int | None = None,
+           init: str = "function-preserving", freeze_host: bool = False, sparse_table: bool = False,
+           table_device: str | torch.device | None = None, seed: int = 0,
+           allow_untested_transformers: bool = False) -> nn.Module:
+    """Add Gemma-style per-layer embeddings to an HF decoder-only causal LM, in place; returns ``model``.
+
+    ``dim``: dP, 1 ≤ dP ≤ hidden size. ``vocab_size``: table rows Vp (default: the host's vocabulary; ids ≥ Vp
+    read row 0). ``gate``: ``gemma`` | ``scalar`` | ``vector`` | ``none``. ``init``: ``function-preserving``
+    (logits unchanged at step 0) or ``gemma`` (HF's init). ``freeze_host``: only the PLE tensors train.
+    ``sparse_table``: row-sparse table gradients (pair with :func:`plelab.param_groups` and :func:`plelab.adamw`).
+    ``table_device``: keep the table there (``"cpu"`` under a GPU trunk: only looked-up rows travel).
+    ``seed``: the PLE tensors' init (the host's weights are not touched).
+    """
+    import transformers  # optional dependency (the hf extra): only attaching to an HF model needs it
+
+    check_transformers(transformers.__version__, allow_untested_transformers)
+    base, embed, layers, text = _host_parts(model)
+    if isinstance(getattr(base, "plelab_attachment", None), Attachment):
+        raise PlelabError(f"{type(model).__name__} has PLE attached already (dP={base.per_layer_embedding.dim})")
+    hidden, vocab = text.hidden_size, embed.num_embeddings
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= hidden:
+        raise PlelabError(f"PLE dim must be an integer from 1 to the hidden size {hidden}, got {dim!r}")
+    vp = vocab if vocab_size is None else vocab_size
+    if isinstance(vp, bool) or not isinstance(vp, int) or not 1 <= vp <= vocab:
+        raise PlelabError(f"PLE vocab_size must be an integer from 1 to the host's vocabulary {vocab}, got {vp!r}")
+    if gate not in GATE_KINDS:
+        raise PlelabError(f"unknown PLE gate {gate!r}: choose one of {', '.join(GATE_KINDS)}")
+    if init not in INITS:
+        raise PlelabError(f"unknown PLE init {init!r}: choose one of {', '.join(INITS)}")
+    if freeze_host:
+        model.requires_grad_(False)
+    eps = float(getattr(text, "rms_norm_eps", getattr(text, "layer_norm_eps", 1e-6)))
+    weight = embed.weight
+    with torch.random.fork_rng(devices=[]):  # the modules' default init draws from the global RNG: keep the user's
+        embedding = PerLayerEmbedding(vp, hidden, len(layers), dim, eps=eps, sparse=sparse_table, register_on=base)
+        injections = [PerLayerInjection(hidden, dim, gate, eps=eps, register_on=layer) for layer in layers]
+    keep_unregistered(base, "per_layer_embedding", embedding)
+    for layer, injection in zip(layers, injections):
+        keep_unregistered(layer, "per_layer_injection", injection)
+    ple = PLEModules(model)
+    generator = torch.Generator().manual_seed(seed)
+    std = float(getattr(text, "initializer_range", 0.02))
+    embedding.reset_parameters(std, generator=generator)
+    for injection in injections:
+        injection.reset_parameters(std, generator=generator)
+        if init == "function-preserving":
+            _zero_last_factor(injection)
+    for p in ple.parameters():
+        p.data = p.data.to(device=weight.device, dtype=weight.dtype)
+        p.requires_grad_(True)
+    if table_device is not None:
+        ple.table.data = ple.table.data.to(table_device)
+    model.config.update({PLE_CONFIG_KEY: {"dim": dim, "gate": gate, "vocab_size": vp, "init": init,
+                                          "sparse_table": sparse_table, "seed": seed, "init_std": std}})
+    keep_unregistered(base, "plelab_attachment", Attachment(base, embed, layers, embedding, injections))
+    return model
+
+
+@torch.no_grad()
+def _zero_last_factor(injection: PerLayerInjection) -> None:
+    o = injection.owner
+    if injection.gate == "gemma":
+        o.post_per_layer_input_norm.weight.zero_()
+    elif injection.gate in ("scalar", "vector"):
+        o.per_layer_gate.zero_()
+    else:
+        o.per_layer_projection.weight.zero_()
+
+
+def load_attached(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
+    """Load a folder written by ``save_pretrained`` from a model with PLE attached: the host through
+    ``AutoModelForCausalLM.from_pretrained``, then :func:`attach` with the saved arguments, then the PLE tensors
+    from the folder's safetensors (every one of them must be there)."""
+    import transformers  # optional dependency (the hf extra): as attach
+
+    path = Path(path)
+    config_file = path / "config.json"
+    try:
+        saved = json.loads(config_file.read_text()).get(PLE_CONFIG_KEY)
+    except (OSError, ValueError) as err:
+        raise PlelabError(f"{config_file}: cannot read an HF config ({err}); give the folder save_pretrained wrote")
+    if not saved:
+        raise PlelabError(f"{path}: its config.json has no {PLE_CONFIG_KEY!r} entry — it was not saved from a model "
+                          "with plelab.attach; load it with transformers directly")
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # the PLE tensors are "unexpected" to the host class: loaded below
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
+    finally:
+        transformers.logging.set_verbosity(level)
+    attach(model, saved["dim"], gate=saved["gate"], vocab_size=saved["vocab_size"], init=saved.get("init", "gemma"),
+           sparse_table=saved.get("sparse_table", False), seed=saved.get("seed", 0), allow_untested_transformers=True)
+    wanted = {n for n, p in model.named_parameters() if any(p is q for q in PLEModules(model).parameters())}
+    found: dict[str, torch.Tensor] = {}
+    for shard in sorted(path.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            found.update({k: f.get_tensor(k) for k in f.keys() if k in wanted})
+    if wanted - found.keys():
+        raise PlelabError(f"{path}: the PLE tensors {sorted(wanted - found.keys())[:3]} are missing from its "
+                          "safetensors files; save the attached model again with save_pretrained")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in found.items():
+            params[name].copy_(value)
+    return model
+

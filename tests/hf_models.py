@@ -1,0 +1,30 @@
+"""Tiny random HF causal LMs for the attach and monitor tests, built locally from configs (nothing downloaded)."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+VOCAB, HIDDEN, LAYERS = 96, 32, 2
+
+
+def tiny_host(kind: str = "llama", **extra):
+    """A tiny random HF causal LM of family ``kind`` (seeded)."""
+    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=LAYERS,
+                  num_attention_heads=4, **extra)
+    heads = dict(num_key_value_heads=2)
+    configs = {
+        "llama": lambda: transformers.LlamaConfig(**heads, **common),
+        "mistral": lambda: transformers.MistralConfig(**heads, **common),
+        "qwen2": lambda: transformers.Qwen2Config(**heads, **common),
+        "qwen3": lambda: transformers.Qwen3Config(**heads, head_dim=8, **common),
+        "gemma2": lambda: transformers.Gemma2Config(**heads, head_dim=8, **common),
+        "gemma3_text": lambda: transformers.Gemma3TextConfig(**heads, head_dim=8, **common),
+        "gpt_neox": lambda: transformers.GPTNeoXConfig(**common),
+    }
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(configs[kind]())
+
+
+def batch(seed: int = 0, b: int = 2, t: int = 12) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
