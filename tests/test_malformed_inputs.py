@@ -62,6 +62,7 @@ def work(tmp_path_factory):
         pickle.dump(_Payload(w / "PWNED"), f)
     (w / "truncated.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\": {\"dtype\"")
     save_file({"vision.weight": torch.zeros(4, 4)}, str(w / "foreign.safetensors"))
+    save_file({"model.embed_tokens_per_layer.weight": torch.randn(16, 8)}, str(w / "hf-table.safetensors"))
     assert main(["train", "--preset", "cpu-tiny", "--steps", "2", "--no-progress", "--out", str(w / "run")]) == 0
     from plelab.sweeps.runner import run_sweep
     from plelab.sweeps.spec import SweepSpec, dp_arms
@@ -255,6 +256,9 @@ CASES = {
         "checkpoints is a file"),
     "diagnose-truncated-safetensors": (lambda w: ["diagnose", f"{w}/truncated.safetensors", "--no-progress"],
                                        "is not a readable safetensors file"),
+    "diagnose-hf-table-with-reference": (
+        lambda w: ["diagnose", f"{w}/hf-table.safetensors", "--num-layers", "2", "--dp", "4", "--reference",
+                   f"{w}/hf-table.safetensors", "--no-progress"], "compare Δ = W_t − W_0 with row counts"),
     "diagnose-foreign-safetensors": (lambda w: ["diagnose", f"{w}/foreign.safetensors", "--no-progress"],
                                      "no tensor named '*embed_tokens_per_layer.weight'"),
     "diagnose-checkpoint-with-foreign-weights": (

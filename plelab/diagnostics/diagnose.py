@@ -166,6 +166,11 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     if null_reference is not None and (null_run is None or reference is None):
         raise PlelabError("--null-reference needs --null (the null run) and --reference (this run's second seed)")
     source = find_table(path, num_layers, dim)
+    given = [flag for flag, value in (("--reference", reference), ("--null", null_run)) if value is not None]
+    if given and source.config is None and source.monitor is None:
+        raise PlelabError(f"{' and '.join(given)} compare Δ = W_t − W_0 with row counts, which {path} does not have "
+                          "(a bare or HF table); give plelab runs or folders plelab.Monitor wrote, or drop "
+                          f"{given[0]}")
     L, dP = source.num_layers, source.dim
     report: dict = {"source": str(path), "table_file": str(source.file), "key": source.key, "step": source.step,
                     "run_dir": str(source.run_dir) if source.run_dir is not None else None,

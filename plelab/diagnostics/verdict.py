@@ -59,14 +59,15 @@ class Verdict:
 def structure_verdict(cka: float | None, null_mean: float | None, null_sd: float | None,
                       null_run_cka: float | None = None) -> tuple[str, str]:
     if cka is None or null_mean is None:
-        return UNDECIDED, "no second seed to compare Δ with (pass --reference RUN): W_t alone cannot tell"
+        return UNDECIDED, ("no second seed's Δ to compare with (give a reference run of another seed): W_t alone "
+                           "cannot tell")
     hi, lo = null_mean + 4 * null_sd, null_mean + 2 * null_sd
     reason = f"cross-seed CKA of Δ {cka:.3f} vs permutation null {null_mean:.3f}±{null_sd:.3f}"
     if null_run_cka is not None:
         reason += f", matched null-run pair {null_run_cka:.3f}"
     else:
         reason += " (frequency-only agreement excluded up to a smooth function of log-frequency; "\
-                  "--null/--null-reference control it fully)"
+                  "a null-control pair of runs controls it fully)"
     beats_null_run = null_run_cka is None or cka > null_run_cka + CKA_MARGIN
     if cka > hi and cka >= CKA_MIN and beats_null_run:
         return LEARNED, reason
@@ -77,7 +78,7 @@ def structure_verdict(cka: float | None, null_mean: float | None, null_sd: float
 
 def use_verdict(delta: float | None, se: float | None, kind: str = "permute") -> tuple[str, str]:
     if delta is None:
-        return UNDECIDED, "use test not run (--no-use given, or no model and data: diagnose a plelab run or checkpoint)"
+        return UNDECIDED, "use test not run (turned off, or no model and validation windows to run it with)"
     reason = f"{kind} rows costs {delta:+.4f}±{se:.4f} nats"
     if delta - 4 * se > 0 and delta >= DELTA_USE:
         return USED, reason

@@ -8,10 +8,10 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy import stats as sps
 
 from plelab.reports.figures import finish_axes, pyplot, save_figure
 from plelab.sweeps.results import SweepResults
+from plelab.sweeps.stats import t_quantile
 
 _FAMILY_STYLE = {"dP": ("C0", "o", "main (Gemma)"), "frozen": ("C1", "s", "table frozen"),
                  "zero": ("C2", "^", "table zeroed"), "matched": ("C3", "D", "scale-matched")}
@@ -22,7 +22,7 @@ def _ci(values: list[float]) -> tuple[float, float]:
     v = np.asarray(values, dtype=np.float64)
     if len(v) < 2:
         return float(v.mean()), 0.0
-    return float(v.mean()), float(sps.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+    return float(v.mean()), t_quantile(0.975, len(v) - 1) * float(v.std(ddof=1)) / math.sqrt(len(v))
 
 
 def _curves(res: SweepResults) -> dict[str, list]:

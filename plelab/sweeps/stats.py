@@ -31,12 +31,23 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy import stats as sps
 
 DROP, RISE, EQUIVALENT, DIMINISHING, INCONCLUSIVE = (
     "significant drop", "significant rise", "equivalent within ±δ", "diminishing returns", "inconclusive")
 # DIMINISHING's names outside a step along the dP curve (e.g. a control against its arm)
 SMALL_DROP, SMALL_RISE = "real drop smaller than δ", "real rise smaller than δ"
+
+
+def _scipy_stats():
+    """``scipy.stats``, imported when a statistic is first computed."""
+    import scipy.stats  # heavy (about 1 s): every CLI start would pay it, and most verbs never compute one
+
+    return scipy.stats
+
+
+def t_quantile(q: float, df: float) -> float:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom."""
+    return float(_scipy_stats().t.ppf(q, df))
 
 
 @dataclass
@@ -68,7 +79,7 @@ def mde(sd: float, n: int, alpha: float = 0.05, power: float = 0.8, m: int = 1) 
     """Minimum detectable effect of a paired t-test with n pairs and spread sd, at α/m (two-sided)."""
     if n < 2:
         return math.nan
-    return (float(sps.t.ppf(1 - alpha / (2 * m), n - 1)) + float(sps.t.ppf(power, n - 1))) * sd / math.sqrt(n)
+    return (t_quantile(1 - alpha / (2 * m), n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
 
 
 def paired(a: str, b: str, diffs: list[float] | np.ndarray, delta: float, alpha: float = 0.05,
@@ -84,16 +95,16 @@ def paired(a: str, b: str, diffs: list[float] | np.ndarray, delta: float, alpha:
     sd = float(d.std(ddof=1))
     df = n - 1
     se = sd / math.sqrt(n)
-    tq = float(sps.t.ppf(1 - alpha / 2, df))
+    tq = t_quantile(1 - alpha / 2, df)
     detectable = mde(sd, n, alpha, power, m)
     if se == 0.0:  # identical differences in every pair (e.g. two arms with the same config)
         p = 0.0 if mean != 0 else 1.0
         p_tost = 0.0 if abs(mean) < delta else 1.0
         return Comparison(a, b, n, mean, sd, mean, mean, p, p_tost, delta, alpha, detectable)
     t = mean / se
-    p = float(2 * sps.t.sf(abs(t), df))
-    p_lower = float(sps.t.sf((mean + delta) / se, df))  # H0: d <= -delta
-    p_upper = float(sps.t.cdf((mean - delta) / se, df))  # H0: d >= +delta
+    p = float(2 * _scipy_stats().t.sf(abs(t), df))
+    p_lower = float(_scipy_stats().t.sf((mean + delta) / se, df))  # H0: d <= -delta
+    p_upper = float(_scipy_stats().t.cdf((mean - delta) / se, df))  # H0: d >= +delta
     return Comparison(a, b, n, mean, sd, mean - tq * se, mean + tq * se, p, max(p_lower, p_upper), delta, alpha,
                       detectable)
 
@@ -145,5 +156,5 @@ def spearman(x: list[float], y: list[float]) -> tuple[float, float]:
     """Spearman rank correlation and its p-value (NaN with fewer than 3 points or a constant input)."""
     if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
         return math.nan, math.nan
-    r = sps.spearmanr(x, y)
+    r = _scipy_stats().spearmanr(x, y)
     return float(r.statistic), float(r.pvalue)
