@@ -28,7 +28,7 @@ _EXPORTS: dict[str, str] = {
     # PLE and its diagnostics in your own model and loop
     "attach": "plelab.integrations.hf", "load_attached": "plelab.integrations.hf",
     "param_groups": "plelab.training.optim", "adamw": "plelab.training.optim", "Monitor": "plelab.diagnostics.monitor",
-    "PLEModules": "plelab.model.ple",
+    "PLEModules": "plelab.model.ple", "load_hf_weights": "plelab.model.hf_weights", "PlelabError": "plelab.errors",
 }
 # packages that register kinds of run (and their studies) when imported: loaded before any verb is returned
 _PLUGINS = ("plelab.visual",)

@@ -89,3 +89,32 @@ def test_every_layer_ple_branch_matches_hf_gemma4(pair):
             err = (branch - rec["out"][i]).abs().max().item()
             assert err <= 1e-5, f"layer {i}: max abs error {err}"
             assert branch.abs().max().item() > 0.1  # a real signal, not two zeros
+
+
+def test_load_hf_weights_maps_both_naming_schemes(pair):
+    import plelab
+
+    hf, _ = pair
+    cfg = resolve_config("cpu-tiny", [f"model.vocab_size={V}", f"model.hidden_size={H}", f"model.num_hidden_layers={L}",
+                                      f"model.num_attention_heads={HEADS}", f"model.num_key_value_heads={KV}",
+                                      f"model.head_dim={HD}", "model.intermediate_size=128"], dp=dP)
+    text_names = {k: v for k, v in hf.state_dict().items()  # the PLE part (Gemma 4's attention shapes differ)
+                  if any(s in k for s in PLE_KEYS) or k == "model.embed_tokens.weight"}
+    multimodal = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
+                  for k, v in text_names.items()}
+    multimodal["model.vision_tower.patch.weight"] = torch.zeros(3)
+    fresh = build_model(cfg.model, cfg.ple, seed=1)
+    missing, _ = fresh.load_state_dict(multimodal, strict=False)  # the trap: nothing loads, nothing errors
+    assert set(missing) == set(fresh.state_dict())
+    a, b = build_model(cfg.model, cfg.ple, seed=1), build_model(cfg.model, cfg.ple, seed=2)
+    ra, rb = plelab.load_hf_weights(a, text_names), plelab.load_hf_weights(b, multimodal)
+    assert ra.loaded == rb.loaded and "model.embed_tokens_per_layer.weight" in ra.loaded
+    assert rb.unused == ["model.vision_tower.patch.weight"]
+    sa, sb = a.state_dict(), b.state_dict()
+    assert all(torch.equal(sa[n], sb[n]) and torch.equal(sa[n], text_names[n]) for n in ra.loaded)
+    assert set(ra.left).isdisjoint(ra.loaded) and ra.line().startswith(f"loaded {len(ra.loaded)} tensors")
+    bad = {"model.embed_tokens_per_layer.weight": torch.zeros(3, 3)}
+    with pytest.raises(plelab.PlelabError, match="the checkpoint is for another configuration"):
+        plelab.load_hf_weights(a, bad)
+    with pytest.raises(plelab.PlelabError, match="none of the 1 source tensors match"):
+        plelab.load_hf_weights(a, {"vision.x": torch.zeros(1)})

@@ -103,6 +103,11 @@ def test_train_command_on_user_text(tmp_path, capsys):
     assert summary["config"]["data"]["path"] == str(text)
     assert summary["val_unigram_entropy"] > 0 and summary["steps"] == 12
     assert len(summary["corpus_fingerprint"]) == 64 and summary["git_commit"]
+    from tokenizers import Tokenizer  # the run folder carries its tokenizer: its ids mean something outside plelab
+
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.get_vocab_size() <= summary["config"]["model"]["vocab_size"]
+    assert tok.decode(tok.encode("Note 7: layer 2 reads").ids).strip() == "Note 7: layer 2 reads"
 
 
 @pytest.mark.parametrize("setting, needle", [("train.tensorboard=true", "pip install tensorboard"),

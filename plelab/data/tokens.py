@@ -52,6 +52,7 @@ class TokenData:
     n_train_docs: int
     n_val_docs: int
     n_duplicates: int
+    tokenizer_json: str | None = None  # the tokenizer the streams were made with (HF tokenizers JSON)
 
     def train_counts(self, size: int) -> np.ndarray:
         """How often each id occurs in the training stream; ids >= ``size`` are counted at 0 (as the
@@ -97,7 +98,7 @@ def prepare_tokens(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> Token
             atomic_write(path, lambda p, ids=ids: _save_npy(p, ids))
         arrays[split] = np.load(path, mmap_mode="r", allow_pickle=False)
     return TokenData(arrays["train"], arrays["val"], corpus.fingerprint, corpus.name, len(train_docs), len(val_docs),
-                     dups)
+                     dups, tok.to_str())
 
 
 class PackedSampler:

@@ -128,6 +128,10 @@ class Task:
         """More fields for ``summary.json`` at the end of the run (``counts``: the row counts per table)."""
         return {}
 
+    def run_files(self) -> dict[str, str]:
+        """Text files the run folder holds next to ``config.json`` (name -> contents), e.g. the tokenizer."""
+        return {}
+
 
 class Observer:
     """Watches a run. The trainer calls these in order; every method is optional.

@@ -79,6 +79,10 @@ class TextTask(Task):
         n = self.cfg.train.diag_windows
         return self.val[:n] if n else None
 
+    def run_files(self) -> dict[str, str]:
+        """``tokenizer.json``: the run's ids mean something outside plelab (``tokenizers.Tokenizer.from_file``)."""
+        return {"tokenizer.json": self.data.tokenizer_json} if self.data.tokenizer_json else {}
+
 
 def _describe(cfg: RunConfig, data: TokenData) -> str:
     return f"{len(data.train):,} train / {len(data.val):,} validation tokens"

@@ -27,7 +27,7 @@ from plelab.config import keys_tagged
 from plelab.distributed import all_ranks_ok, barrier, init_distributed, mean_across_ranks, sum_across_ranks
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
-from plelab.io import write_json
+from plelab.io import atomic_write, write_json
 from plelab.model.accounting import flops_per_token
 from plelab.model.ple import TABLE_KEY
 from plelab.provenance import provenance
@@ -141,6 +141,8 @@ class Trainer:
             try:
                 run.mkdir(parents=True, exist_ok=True)
                 write_json(run / "config.json", self.cfg.to_dict())
+                for name, text in self.task.run_files().items():
+                    atomic_write(run / name, lambda p, text=text: p.write_text(text))
             except OSError as err:
                 ok, why = False, f"cannot write to output folder {run}: {err.strerror or err}"
         if not all_ranks_ok(ok, self.dist):
