@@ -185,3 +185,15 @@ def test_under_ddp_rank_0_writes_and_counts_are_summed(tmp_path):
     ids = torch.cat([torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(100 * s + r))
                      for s in range(4) for r in range(2)])
     assert torch.equal(counts, torch.bincount(ids.reshape(-1), minlength=VOCAB))
+
+
+def test_a_bf16_host_gets_bf16_ple_and_an_exact_regenerated_w0(tmp_path):
+    model = plelab.attach(tiny_host().to(torch.bfloat16), 8, seed=4)
+    ple = plelab.PLEModules(model)
+    assert {p.dtype for p in ple.parameters()} == {torch.bfloat16}
+    monitor = plelab.Monitor(model, tmp_path, every=0)
+    assert torch.equal(monitor.w0(), ple.table.detach().float())  # regenerated, then rounded as attach stored it
+    ids = windows(5, 2)
+    model(ids, labels=ids).loss.backward()
+    assert ple.table.grad is not None and ple.table.grad.dtype == torch.bfloat16
+    monitor.close()
