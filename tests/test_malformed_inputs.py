@@ -256,9 +256,12 @@ CASES = {
         "checkpoints is a file"),
     "diagnose-truncated-safetensors": (lambda w: ["diagnose", f"{w}/truncated.safetensors", "--no-progress"],
                                        "is not a readable safetensors file"),
-    "diagnose-hf-table-with-reference": (
-        lambda w: ["diagnose", f"{w}/hf-table.safetensors", "--num-layers", "2", "--dp", "4", "--reference",
-                   f"{w}/hf-table.safetensors", "--no-progress"], "compare Δ = W_t − W_0 with row counts"),
+    "diagnose-hf-table-with-null": (
+        lambda w: ["diagnose", f"{w}/hf-table.safetensors", "--num-layers", "2", "--dp", "4", "--null",
+                   f"{w}/hf-table.safetensors", "--no-progress"], "--null compares with a matched null run's Δ"),
+    "diagnose-hf-table-init-without-reference": (
+        lambda w: ["diagnose", f"{w}/hf-table.safetensors", "--num-layers", "2", "--dp", "4", "--init",
+                   f"{w}/hf-table.safetensors", "--no-progress"], "add --reference OTHER"),
     "diagnose-foreign-safetensors": (lambda w: ["diagnose", f"{w}/foreign.safetensors", "--no-progress"],
                                      "no tensor named '*embed_tokens_per_layer.weight'"),
     "diagnose-checkpoint-with-foreign-weights": (

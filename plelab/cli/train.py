@@ -62,7 +62,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         check_folder_target(args.out, "--out", fix)
     rep = diagnose(args.path, reference=args.reference, null_run=args.null, use=not args.no_use,
                    num_layers=args.num_layers, dim=args.dp, windows=args.windows, progress=not args.no_progress,
-                   null_reference=args.null_reference)
+                   null_reference=args.null_reference, init=args.init, reference_init=args.reference_init)
     print(json.dumps(rep, indent=1) if args.json else diagnostics_text(rep))
     if args.out:
         ensure_dir(args.out, "--out", fix)
@@ -113,6 +113,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--null", help="a matched null run (same config with --set ple.ids=iid): its Δ metrics beside")
     p.add_argument("--null-reference", help="the null run's second seed: their agreement bounds what a real "
                                             "table's cross-seed agreement must exceed")
+    p.add_argument("--init", help="for a checkpoint plelab did not train: its step-0 checkpoint (W_0, for Δ)")
+    p.add_argument("--reference-init", help="the --reference checkpoint's step-0 checkpoint (with --init)")
     p.add_argument("--num-layers", type=int, help="L, for a safetensors table without config.json")
     p.add_argument("--dp", type=dp_value, help="dP, for a safetensors table without config.json")
     p.add_argument("--windows", type=int, default=128, help="validation windows for the use test (default 128)")

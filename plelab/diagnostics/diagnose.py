@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from plelab.config.schema import RunConfig
 from plelab.data.pipeline import prepare_data
 from plelab.data.tokens import PackedSampler, TokenData, val_windows
+from plelab.diagnostics.foreign import foreign_agreement
 from plelab.diagnostics.live import initial_table
 from plelab.diagnostics.monitor import MonitoredTable
 from plelab.diagnostics.predictive import id_information
@@ -34,7 +35,7 @@ from plelab.diagnostics.structure import (
 )
 from plelab.diagnostics.tables import TableSource, find_table
 from plelab.diagnostics.usage import use_metrics, within_bin_permutation
-from plelab.diagnostics.verdict import verdict
+from plelab.diagnostics.verdict import UNDECIDED, Verdict, verdict
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
 from plelab.model.ple import IIDTableIds
@@ -130,6 +131,24 @@ class RunTable:
         self.delta = self.table - alpha * w0
 
 
+def _foreign_report(report: dict, source: TableSource, reference, init, reference_init) -> dict:
+    """Cross-seed agreement of two tables plelab did not train (:mod:`plelab.diagnostics.foreign`); no use test."""
+    agreement = foreign_agreement(source, str(reference), init and str(init), reference_init and str(reference_init))
+    for layer, cs in zip(report["layers"], agreement["layers"]):
+        layer["cross_seed"] = cs
+        layer["verdict"] = Verdict(cs["structure"], UNDECIDED, []).to_dict()
+    for layer in report["layers"][len(agreement["layers"]):]:
+        layer["verdict"] = verdict().to_dict()
+    use = "use test not available for checkpoints plelab did not train (it needs the model and data)"
+    report["table"] = {"cross_seed": {k: agreement["table"][k] for k in ("cka", "null_mean", "null_sd", "null")},
+                       "basis": agreement["basis"],
+                       "verdict": Verdict(agreement["table"]["structure"], UNDECIDED,
+                                          [agreement["table"]["reason"], use]).to_dict()}
+    report["notes"].append(f"cross-seed agreement on {agreement['basis']} against {reference}; no row counts, so "
+                           "the null shuffles rows among all rows rather than within frequency bins")
+    return report
+
+
 def table_of(source: TableSource) -> RunTable | MonitoredTable:
     """What diagnose compares: a plelab run's table, or a checkpoint a Monitor wrote."""
     return MonitoredTable(source) if source.monitor is not None else RunTable(source)
@@ -159,18 +178,24 @@ def _wt_stats_streamed(source: TableSource, progress: bool) -> list[StreamingMom
 
 def diagnose(path: str | Path, reference: str | Path | None = None, null_run: str | Path | None = None,
              use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int = 128,
-             progress: bool = True, null_reference: str | Path | None = None) -> dict:
+             progress: bool = True, null_reference: str | Path | None = None, init: str | Path | None = None,
+             reference_init: str | Path | None = None) -> dict:
     """Everything ``plelab diagnose`` reports, as a JSON-ready dict."""
     if windows < 1:
         raise PlelabError(f"--windows must be >= 1, got {windows}")
     if null_reference is not None and (null_run is None or reference is None):
         raise PlelabError("--null-reference needs --null (the null run) and --reference (this run's second seed)")
     source = find_table(path, num_layers, dim)
-    given = [flag for flag, value in (("--reference", reference), ("--null", null_run)) if value is not None]
-    if given and source.config is None and source.monitor is None:
-        raise PlelabError(f"{' and '.join(given)} compare Δ = W_t − W_0 with row counts, which {path} does not have "
-                          "(a bare or HF table); give plelab runs or folders plelab.Monitor wrote, or drop "
-                          f"{given[0]}")
+    foreign = source.config is None and source.monitor is None
+    if foreign and null_run is not None:
+        raise PlelabError(f"--null compares with a matched null run's Δ and row counts, which {path} does not have "
+                          "(a bare or HF table); give plelab runs or folders plelab.Monitor wrote, or drop --null")
+    if not foreign and (init is not None or reference_init is not None):
+        raise PlelabError(f"--init/--reference-init are for checkpoints plelab did not train: {path} has its W_0 "
+                          "already (regenerated from its seed, or the Monitor's); drop them")
+    if foreign and reference is None and (init is not None or reference_init is not None):
+        raise PlelabError("--init/--reference-init give W_0 for a cross-seed comparison: add --reference OTHER, or "
+                          "drop them")
     L, dP = source.num_layers, source.dim
     report: dict = {"source": str(path), "table_file": str(source.file), "key": source.key, "step": source.step,
                     "run_dir": str(source.run_dir) if source.run_dir is not None else None,
@@ -182,6 +207,8 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
               for i, acc in enumerate(accs)]
     report["layers"] = layers
     if source.config is None and source.monitor is None:
+        if reference is not None:
+            return _foreign_report(report, source, reference, init, reference_init)
         report["notes"].append("W_t-only report: no W_0, row counts or model are known for a bare safetensors "
                                "table, so neither STRUCTURE nor USE can be decided (a Gaussian table already "
                                "has erank ≈ d and mean cos ≈ 0)")
