@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from scipy.fft import dctn
 
 from plelab.errors import PlelabError
 from plelab.io import atomic_write
@@ -36,6 +35,13 @@ from plelab.visual.scenes import COLOURS, SHAPES, SIZES, SceneSet
 
 # RGB -> YCbCr (ITU-R BT.601, full range), offsets dropped: standardisation removes them anyway
 _YCBCR = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]])
+
+
+def _dctn(x, **kwargs):
+    """``scipy.fft.dctn``, imported on first use."""
+    from scipy.fft import dctn  # heavy (about 0.4 s with what it pulls in): every CLI start would pay it
+
+    return dctn(x, **kwargs)
 
 
 def zigzag(n: int) -> np.ndarray:
@@ -107,7 +113,7 @@ class DCTKMeans(VisualTokenizer):
         if self.luma > p * p or self.chroma > p * p:
             raise PlelabError(f"dct-kmeans keeps {self.luma} luma coefficients, a {p}×{p} patch has {p * p}")
         ycc = patches(scenes.images.astype(np.float64), p) @ _YCBCR.T  # [N, P, p, p, 3]
-        coef = dctn(ycc, type=2, norm="ortho", axes=(2, 3)).reshape(*ycc.shape[:2], p * p, 3)[:, :, zigzag(p)]
+        coef = _dctn(ycc, type=2, norm="ortho", axes=(2, 3)).reshape(*ycc.shape[:2], p * p, 3)[:, :, zigzag(p)]
         feats = np.concatenate([coef[..., :self.luma, 0], coef[..., :self.chroma, 1], coef[..., :self.chroma, 2]], -1)
         return torch.from_numpy(feats.reshape(-1, feats.shape[-1])).float()
 
