@@ -63,6 +63,7 @@ def test_inputs_embeds_need_table_ids_and_then_agree():
     ids = batch()
     with pytest.raises(PlelabError, match="needs input_ids"):
         model(inputs_embeds=torch.randn(2, 5, HIDDEN))
+    assert model.base_model.plelab_attachment.frames.stack == []  # a refused call leaves no frame behind
     with torch.no_grad():
         by_ids = model(ids).logits
         by_embeds = model(inputs_embeds=model.get_input_embeddings()(ids), table_ids=ids).logits

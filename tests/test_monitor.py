@@ -197,3 +197,11 @@ def test_a_bf16_host_gets_bf16_ple_and_an_exact_regenerated_w0(tmp_path):
     model(ids, labels=ids).loss.backward()
     assert ple.table.grad is not None and ple.table.grad.dtype == torch.bfloat16
     monitor.close()
+
+
+def test_an_unwritable_folder_is_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(PlelabError, match="cannot write to") as err:
+        plelab.Monitor(plelab.attach(tiny_host(), 8), blocker / "mon", every=0, w0="snapshot")
+    assert "\n" not in str(err.value) and blocker.read_text() == "x"

@@ -41,7 +41,7 @@ from plelab.diagnostics.live import table_diagnostics
 from plelab.diagnostics.signal import SignalProbe, gradient_norms
 from plelab.distributed import DistInfo, sum_across_ranks
 from plelab.errors import PlelabError
-from plelab.io import atomic_write, write_json
+from plelab.io import atomic_write, os_reason, write_json
 from plelab.model.loading import mmap_tensor
 from plelab.model.ple import TABLE_KEY, PLEModules
 from plelab.training.rows import RowCounter
@@ -117,14 +117,18 @@ class Monitor:
         if w0 == "snapshot" or self.w0_init is None:
             self.w0_init = None
             self.w0_source = f"snapshot at construction ({table.numel() * 4:,} bytes on disk)"
-            if self.dist.is_main:
-                snapshot = {TABLE_KEY: table.detach().float().cpu().contiguous()}
-                atomic_write(self.out / W0_FILE, lambda p: save_file(snapshot, str(p)))
         if self.dist.is_main:
-            write_json(self.out / "monitor.json", {"table_key": TABLE_KEY, "shape": [table.shape[0],
-                       self.ple.num_layers, self.ple.dim], "w0": self.w0_source, "w0_init": self.w0_init,
-                       "table_dtype": str(table.dtype).removeprefix("torch."), "every": every,
-                       "checkpoint_every": checkpoint_every, "seed": seed})
+            try:
+                if self.w0_init is None:
+                    snapshot = {TABLE_KEY: table.detach().float().cpu().contiguous()}
+                    atomic_write(self.out / W0_FILE, lambda p: save_file(snapshot, str(p)))
+                write_json(self.out / "monitor.json", {"table_key": TABLE_KEY, "shape": [table.shape[0],
+                           self.ple.num_layers, self.ple.dim], "w0": self.w0_source, "w0_init": self.w0_init,
+                           "table_dtype": str(table.dtype).removeprefix("torch."), "every": every,
+                           "checkpoint_every": checkpoint_every, "seed": seed})
+            except OSError as err:
+                raise PlelabError(f"plelab.Monitor cannot write to {self.out}: {os_reason(err)}; give a writable "
+                                  "folder") from None
         self._arm(0)
 
     def _count(self, embedding, args, _out) -> None:

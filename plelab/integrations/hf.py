@@ -29,12 +29,12 @@ import threading
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from plelab.config.schema import GATE_KINDS
 from plelab.diagnostics.monitor import ATTACH_CONFIG_KEY as PLE_CONFIG_KEY
 from plelab.errors import PlelabError
+from plelab.model.hf_weights import load_hf_weights, read_safetensors
 from plelab.model.ple import PerLayerEmbedding, PerLayerInjection, PLEModules, keep_unregistered, token_table_ids
 
 # Families transformers builds offline from a config whose layout attach knows (model_type -> how it is reached).
@@ -101,6 +101,8 @@ class Attachment:
         self.handles = []
 
     def _open(self, base, args, kwargs):
+        frame: dict = {"ids": None, "P": None}
+        self.frames.stack.append(frame)  # first: the always-called close pops it, also when a check below raises
         ids = kwargs.get("input_ids", args[0] if args else None)
         table_ids = kwargs.pop("table_ids", None)
         embeds = kwargs.get("inputs_embeds")
@@ -112,13 +114,12 @@ class Attachment:
                 raise PlelabError("attached PLE needs input_ids (the per-layer table is indexed by token id): pass "
                                   "input_ids, or inputs_embeds together with table_ids=[B,T] row ids")
             table_ids = token_table_ids(ids, self.embedding.owner.embed_tokens_per_layer.num_embeddings)
-        frame = {"ids": table_ids, "P": None}
+        frame["ids"] = table_ids
         if embeds is not None:
             frame["P"] = self.embedding(embeds, table_ids)
-        self.frames.stack.append(frame)
         return args, kwargs
 
-    def _close(self, base, args, kwargs_or_out, *rest) -> None:
+    def _close(self, base, args, out) -> None:
         if self.frames.stack:
             self.frames.stack.pop()
 
@@ -232,17 +233,12 @@ def load_attached(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
         transformers.logging.set_verbosity(level)
     attach(model, saved["dim"], gate=saved["gate"], vocab_size=saved["vocab_size"], init=saved.get("init", "gemma"),
            sparse_table=saved.get("sparse_table", False), seed=saved.get("seed", 0), allow_untested_transformers=True)
-    wanted = {n for n, p in model.named_parameters() if any(p is q for q in PLEModules(model).parameters())}
-    found: dict[str, torch.Tensor] = {}
-    for shard in sorted(path.glob("*.safetensors")):
-        with safe_open(str(shard), framework="pt") as f:
-            found.update({k: f.get_tensor(k) for k in f.keys() if k in wanted})
+    own = {id(p) for p in PLEModules(model).parameters()}
+    wanted = {n for n, p in model.named_parameters() if id(p) in own}
+    found = read_safetensors(path, keys=wanted)
     if wanted - found.keys():
         raise PlelabError(f"{path}: the PLE tensors {sorted(wanted - found.keys())[:3]} are missing from its "
                           "safetensors files; save the attached model again with save_pretrained")
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in found.items():
-            params[name].copy_(value)
+    load_hf_weights(model, found)
     return model
 

@@ -47,8 +47,9 @@ class LoadReport:
                 + f"; {len(self.unused)} source tensors not used")
 
 
-def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file, or of every ``*.safetensors`` file of a folder (sharded checkpoints)."""
+def read_safetensors(path: str | Path, keys: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors (all, or those named in ``keys``) of a safetensors file, or of every ``*.safetensors`` file of a
+    folder (sharded checkpoints); one-line errors for a missing or unreadable file."""
     path = Path(path)
     files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
     if not files:
@@ -57,7 +58,7 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     for file in files:
         try:
             with safe_open(str(file), framework="pt") as f:
-                out.update({k: f.get_tensor(k) for k in f.keys()})
+                out.update({k: f.get_tensor(k) for k in f.keys() if keys is None or k in keys})
         except (SafetensorError, OSError) as err:
             raise PlelabError(f"{file} is not a readable safetensors file ({str(err).splitlines()[0]})") from None
     return out

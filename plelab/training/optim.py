@@ -35,9 +35,10 @@ def param_groups(model: nn.Module, *, lr: float, table_lr: float | None = None, 
     parameter (asserted). For a model without PLE there is no ``ple_table`` group.
     """
     try:
-        table = PLEModules(model).table
+        lookup = PLEModules(model).embedding.owner.embed_tokens_per_layer
     except LookupError:
-        table = None
+        lookup = None
+    table = None if lookup is None else lookup.weight
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     groups: dict[str, list] = {"decay": [], "no_decay": [], "ple_table": []}
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -51,13 +52,9 @@ def param_groups(model: nn.Module, *, lr: float, table_lr: float | None = None, 
     assert sum(len(v) for v in groups.values()) == len(trainable), "optimizer groups do not cover the model"
     spec = {"decay": (lr, weight_decay), "no_decay": (lr, 0.0),
             "ple_table": (lr if table_lr is None else table_lr, table_weight_decay)}
-    sparse = table is not None and table.requires_grad and _is_sparse(model, table)
+    sparse = lookup is not None and table.requires_grad and lookup.sparse
     return [adamw_group(k, v, *spec[k], **({"row_sparse": True} if sparse and k == "ple_table" else {}))
             for k, v in groups.items() if v]
-
-
-def _is_sparse(model: nn.Module, table: nn.Parameter) -> bool:
-    return any(isinstance(m, nn.Embedding) and m.weight is table and m.sparse for m in model.modules())
 
 
 def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:
