@@ -2,11 +2,19 @@
 
 The documented surface (``README.md``, "In Python"): configs and presets, the model and its PLE modules,
 and one function per CLI verb. Names are imported on first use, so ``import plelab`` stays light.
+
+Importing plelab also registers its model with transformers (``model_type="plelab"``, so
+``AutoModelForCausalLM`` loads folders ``plelab export`` wrote): at once if transformers is imported already,
+otherwise right after transformers finishes importing (a post-import hook: plelab never imports it itself).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
 
 __version__ = "0.1.0"
 
@@ -29,9 +37,14 @@ _EXPORTS: dict[str, str] = {
     "attach": "plelab.integrations.hf", "load_attached": "plelab.integrations.hf",
     "param_groups": "plelab.training.optim", "adamw": "plelab.training.optim", "Monitor": "plelab.diagnostics.monitor",
     "PLEModules": "plelab.model.ple", "load_hf_weights": "plelab.model.hf_weights", "PlelabError": "plelab.errors",
+    # out of plelab: HF folders and text
+    "export": "plelab.integrations.export", "generate_text": "plelab.runs.generation",
+    "generate": "plelab.model.generate", "KVCache": "plelab.model.generate",
 }
 # packages that register kinds of run (and their studies) when imported: loaded before any verb is returned
 _PLUGINS = ("plelab.visual",)
+# plelab's model for transformers' Auto classes: registered when transformers is imported (see the module doc)
+_HF_REGISTRATION = "plelab.integrations.hf_model"
 
 __all__ = ["__version__", *_EXPORTS]
 
@@ -48,3 +61,37 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(__all__)
+
+
+def _register_with_transformers() -> None:
+    try:
+        importlib.import_module(_HF_REGISTRATION).register()
+    except Exception as err:  # never break the user's import of transformers: warn and go on without plelab's class
+        warnings.warn(f"plelab could not register its model with transformers ({err}); AutoModelForCausalLM will "
+                      "not load plelab exports", stacklevel=2)
+
+
+class _AfterTransformersImport(importlib.abc.MetaPathFinder):
+    """Runs :func:`_register_with_transformers` once ``import transformers`` has finished executing."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "transformers":
+            return None
+        sys.meta_path.remove(self)  # once, and so that the lookup below finds the real module
+        spec = importlib.util.find_spec(fullname)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            _register_with_transformers()
+        loader.exec_module = exec_then_register
+        return spec
+
+
+if "transformers" in sys.modules:
+    _register_with_transformers()
+elif not any(isinstance(f, _AfterTransformersImport) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AfterTransformersImport())

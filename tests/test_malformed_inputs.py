@@ -327,6 +327,18 @@ CASES = {
             c / "state.json", lambda d: d["config"]["data"].update(path=f"{w}/other.txt"))))],
         "was trained on another corpus"),
     "eval-bad-windows": (lambda w: ["eval", f"{w}/run", "--windows", "0"], "--windows and --batch"),
+    # export and generate
+    "generate-run-without-tokenizer": (
+        lambda w: ["generate", str(_run_copy(w, "gnotok", lambda c: (c.parent.parent / "tokenizer.json").unlink())),
+                   "--prompt", "hello"], "has no tokenizer.json"),
+    "generate-negative-top-k": (lambda w: ["generate", f"{w}/run", "--prompt", "hi", "--top-k", "-3"],
+                                "top_k must be >= 1"),
+    "generate-not-a-run": (lambda w: ["generate", f"{w}/empty-dir", "--prompt", "hi"], "holds no plelab checkpoint"),
+    "export-onto-an-existing-folder": (lambda w: ["export", f"{w}/run", f"{w}/empty-dir"], "exists; export writes"),
+    "export-run-with-foreign-weights": (
+        lambda w: ["export", str(_run_copy(w, "xforeign", lambda c: shutil.copy(w / "foreign.safetensors",
+                                                                                c / "model.safetensors"))),
+                   f"{w}/o/x"], "lacks"),
     # demo
     "demo-missing-data": (lambda w: ["demo", "--quick", "--no-progress", "--data", f"{w}/nowhere",
                                      "--out", f"{w}/o/demo"], "does not exist"),

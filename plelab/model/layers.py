@@ -32,10 +32,11 @@ class RMSNorm(nn.Module):
 
 
 def rotary_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE tables ``cos, sin`` of shape ``[T, head_dim]`` (half-split layout, as HF Llama)."""
+                   dtype: torch.dtype, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE tables ``cos, sin`` of shape ``[T, head_dim]`` for positions ``offset … offset+T−1`` (half-split
+    layout, as HF Llama)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    t = torch.arange(seq_len, device=device, dtype=torch.float32)
+    t = torch.arange(offset, offset + seq_len, device=device, dtype=torch.float32)
     freqs = torch.outer(t, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -47,8 +48,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def causal_mask(queries: int, keys: int, device: torch.device) -> torch.Tensor | None:
+    """The boolean mask of ``queries`` new positions that follow ``keys − queries`` cached ones (``None``: use
+    ``is_causal``, or nothing to mask for one new query)."""
+    past = keys - queries
+    if past == 0 or queries == 1:
+        return None
+    return torch.ones(queries, keys, dtype=torch.bool, device=device).tril(diagonal=past)
+
+
 class Attention(nn.Module):
-    """Causal grouped-query self-attention. ``x [B, T, H]`` -> ``[B, T, H]``."""
+    """Causal grouped-query self-attention. ``x [B, T, H]`` -> ``[B, T, H]``.
+
+    ``cache``: anything with HF's ``update(k, v, layer_idx) -> (k_all, v_all)`` (plelab's
+    :class:`~plelab.model.generate.KVCache`, or transformers' ``DynamicCache``); ``k, v [B, n_kv, T, head_dim]``.
+    """
 
     def __init__(self, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int) -> None:
         super().__init__()
@@ -58,13 +72,18 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None,
+                layer_idx: int = 0) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_heads != self.n_kv_heads)
+        if cache is not None:
+            k, v = cache.update(k, v, layer_idx)
+        mask = causal_mask(T, k.shape[2], x.device)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and k.shape[2] == T,
+                                           enable_gqa=self.n_heads != self.n_kv_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 

@@ -53,8 +53,8 @@ class DecoderLayer(nn.Module):
         return self.per_layer_injection(h, p)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                per_layer_input: torch.Tensor | None = None) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
+                per_layer_input: torch.Tensor | None = None, cache=None, layer_idx: int = 0) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, layer_idx)
         h = h + self.mlp(self.post_attention_layernorm(h))
         if per_layer_input is not None:
             h = h + self.per_layer_injection(h, per_layer_input)
@@ -113,18 +113,23 @@ class PLETextModel(nn.Module):
         return self.per_layer_embedding(inputs_embeds, ids, token_part)
 
     def forward(self, input_ids: torch.Tensor, inputs_embeds: torch.Tensor | None = None,
-                token_part: torch.Tensor | None = None, table_ids: torch.Tensor | None = None) -> torch.Tensor:
+                token_part: torch.Tensor | None = None, table_ids: torch.Tensor | None = None,
+                past_key_values=None) -> torch.Tensor:
         """``input_ids [B,T]`` -> final normed hidden states ``[B,T,H]``.
 
         ``table_ids [B,T]``: the table rows to look up when they are not the token ids (the i.i.d. null
         control). ``inputs_embeds [B,T,H]`` replaces ``embed(input_ids)`` and ``token_part [B,T,L,dP]`` the
         table lookup (a multimodal sequence: image positions carry projected features and visual-table rows).
+        ``past_key_values``: a KV cache (see :class:`~plelab.model.layers.Attention`) holding the positions before
+        ``input_ids``; it is extended in place.
         """
         h = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         P = self.per_layer_inputs(input_ids, h, token_part, table_ids) if self.pc.enabled else None
-        cos, sin = rotary_cos_sin(h.shape[1], self.mc.resolved_head_dim, self.mc.rope_theta, h.device, h.dtype)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        cos, sin = rotary_cos_sin(h.shape[1], self.mc.resolved_head_dim, self.mc.rope_theta, h.device, h.dtype,
+                                  offset=past)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, P[:, :, i] if P is not None else None)
+            h = layer(h, cos, sin, P[:, :, i] if P is not None else None, past_key_values, i)
         return self.norm(h)
 
 
@@ -132,6 +137,7 @@ class PLETextModel(nn.Module):
 class CausalLMOutput:
     logits: torch.Tensor
     loss: torch.Tensor | None = None
+    past_key_values: object | None = None
 
 
 class PLECausalLM(nn.Module):
@@ -149,18 +155,19 @@ class PLECausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, *,
                 targets: torch.Tensor | None = None, table_ids: torch.Tensor | None = None,
-                inputs_embeds: torch.Tensor | None = None, token_part: torch.Tensor | None = None) -> CausalLMOutput:
+                inputs_embeds: torch.Tensor | None = None, token_part: torch.Tensor | None = None,
+                past_key_values=None) -> CausalLMOutput:
         """``input_ids [B,T]`` -> logits ``[B,T,V]`` and, given targets, the mean next-token CE.
 
         ``labels [B,T]`` follow HF: aligned with ``input_ids`` and shifted inside (position t predicts
         ``labels[t+1]``), -100 ignored — ``model(ids, labels=ids)`` is language modelling. ``targets [B,T]``
         are already shifted (nanoGPT's convention: position t predicts ``targets[t]``), as the trainer passes
-        ``window[:, :-1]`` / ``window[:, 1:]``. ``table_ids``, ``inputs_embeds``, ``token_part``: see
-        :meth:`PLETextModel.forward`.
+        ``window[:, :-1]`` / ``window[:, 1:]``. ``table_ids``, ``inputs_embeds``, ``token_part``,
+        ``past_key_values``: see :meth:`PLETextModel.forward` (the cache comes back in the output).
         """
         if labels is not None and targets is not None:
             raise ValueError("give labels (HF: shifted inside) or targets (already shifted), not both")
-        hidden = self.model(input_ids, inputs_embeds, token_part, table_ids)
+        hidden = self.model(input_ids, inputs_embeds, token_part, table_ids, past_key_values)
         logits = F.linear(hidden, self.output_weight())
         loss = None
         if labels is not None:
@@ -168,4 +175,4 @@ class PLECausalLM(nn.Module):
             loss = F.cross_entropy(shifted.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
         elif targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
-        return CausalLMOutput(logits=logits, loss=loss)
+        return CausalLMOutput(logits=logits, loss=loss, past_key_values=past_key_values)
