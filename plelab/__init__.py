@@ -28,7 +28,7 @@ _EXPORTS: dict[str, str] = {
     "PerLayerEmbedding": "plelab.model.ple", "PerLayerInjection": "plelab.model.ple",
     "IIDTableIds": "plelab.model.ple", "token_table_ids": "plelab.model.ple",
     # what the CLI verbs do
-    "train": "plelab.runs", "evaluate": "plelab.training.evaluate", "diagnose": "plelab.diagnostics.diagnose",
+    "train": "plelab.runs", "evaluate": "plelab.training.evaluate", "diagnose": "plelab.integrations.checkpoints",
     "sweep": "plelab.sweeps.commands", "report": "plelab.reports",
     # the trainer's seams, for your own kinds of run and observers
     "Trainer": "plelab.training.trainer", "TrainResult": "plelab.training.trainer", "Task": "plelab.training.task",

@@ -1,5 +1,9 @@
-"""`plelab diagnose` on checkpoints plelab did not train: two seeds of an attached HF model, saved with
-save_pretrained at step 0 and after training, compared by cross-seed agreement (Δ with --init, W_t without)."""
+"""`plelab diagnose` on checkpoints plelab did not train, as an outside user runs it: two seeds of an attached HF
+model saved with save_pretrained at step 0 and after training, their text and tokenizer; a tiny Gemma 4 folder.
+
+The pair trains on token classes (12 classes of 8 ids; a token's class decides the next token's class), so rows of
+one class have one job and two seeds' tables share that geometry. The null pair is trained identically but its
+table rows are drawn i.i.d. per position, so no row can learn anything about its id."""
 
 from __future__ import annotations
 
@@ -8,21 +12,37 @@ import json
 import pytest
 import torch
 from hf_models import VOCAB, tiny_host
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 import plelab
 from plelab.cli import main
 
+CLASSES = 12
+
 
 def structured(seed: int, n: int, t: int = 17) -> torch.Tensor:
-    """Sequences where each token mostly determines the next (a table row can learn what its token predicts)."""
+    """``[n, t]`` sequences: with probability 0.8 the next token is a random member of class ``(5·class + 1) % 12``
+    of the current token (class = id mod 12), else any token."""
     g = torch.Generator().manual_seed(seed)
     x = torch.empty(n, t, dtype=torch.long)
     x[:, 0] = torch.randint(0, VOCAB, (n,), generator=g)
     for i in range(1, t):
+        cls = (x[:, i - 1] % CLASSES * 5 + 1) % CLASSES
+        member = cls + CLASSES * torch.randint(0, VOCAB // CLASSES, (n,), generator=g)
         jump = torch.randint(0, VOCAB, (n,), generator=g)
-        keep = torch.rand(n, generator=g) < 0.8
-        x[:, i] = torch.where(keep, (x[:, i - 1] * 7 + 3) % VOCAB, jump)
+        x[:, i] = torch.where(torch.rand(n, generator=g) < 0.8, member, jump)
     return x
+
+
+def word_tokenizer(size: int = VOCAB) -> Tokenizer:
+    """A word-level tokenizer whose token ``w{i}`` has id ``i``."""
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tok
+
+
+def as_text(x: torch.Tensor) -> str:
+    return "\n\n".join(" ".join(f"w{i}" for i in row.tolist()) for row in x)
 
 
 def train_pair(root, iid: bool = False, steps: int = 150):
@@ -40,6 +60,8 @@ def train_pair(root, iid: bool = False, steps: int = 150):
             opt.step()
             opt.zero_grad()
         model.save_pretrained(root / f"s{seed}")
+    word_tokenizer().save(str(root / "tokenizer.json"))
+    (root / "val.txt").write_text(as_text(structured(7, 300)))
 
 
 @pytest.fixture(scope="module")
@@ -56,41 +78,76 @@ def diagnose_json(tmp_path, *argv) -> dict:
     return json.loads((out / "diagnostics.json").read_text())
 
 
-def test_delta_agreement_of_a_real_pair_beats_an_iid_pair(pairs, tmp_path):
+def full(p):
+    return [p / "s0", "--reference", p / "s1", "--init", p / "s0-init", "--reference-init", p / "s1-init",
+            "--data", p / "val.txt", "--tokenizer", p / "tokenizer.json", "--seq-len", "32", "--windows", "64"]
+
+
+def test_the_full_verdict_on_a_foreign_pair_learned_and_used_and_not_for_iid_ids(pairs, tmp_path):
     real, null = pairs
-    reps = [diagnose_json(tmp_path / p.name, p / "s0", "--reference", p / "s1", "--init", p / "s0-init",
-                          "--reference-init", p / "s1-init") for p in (real, null)]
+    reps = [diagnose_json(tmp_path / p.name, *full(p)) for p in (real, null)]
     for rep in reps:
         table = rep["table"]
-        assert table["basis"] == "Δ = W_t − W_0" and table["cross_seed"]["null"].startswith("rows permuted among all")
-        assert table["verdict"]["use"] == "UNDECIDED" and "use test not available" in table["verdict"]["reasons"][1]
-        assert len(rep["layers"]) == 2 and all("cross_seed" in layer for layer in rep["layers"])
-    excess = [r["table"]["cross_seed"]["cka"] - r["table"]["cross_seed"]["null_mean"] for r in reps]
-    assert excess[0] > excess[1] + 0.02  # real ids: the two seeds' changes agree beyond what i.i.d. ids give
-    assert reps[1]["table"]["verdict"]["structure"] != "LEARNED"
+        assert table["basis"] == "Δ = W_t − W_0"
+        assert table["cross_seed"]["null"] == "rows permuted within frequency bins"
+        assert set(table["use"]) == {"reset", "permute"} and table["use"]["permute"]["windows"] == 64
+        assert len(rep["layers"]) == 2 and all("cross_seed" in layer and layer["use"] for layer in rep["layers"])
+        assert rep["rows"]["used"] == VOCAB and "val.txt" in rep["rows"]["counted_in"]
+    assert reps[0]["table"]["verdict"]["structure"] == "LEARNED", reps[0]["table"]["verdict"]
+    assert reps[0]["table"]["verdict"]["use"] == "USED", reps[0]["table"]["verdict"]
+    assert reps[1]["table"]["verdict"]["structure"] != "LEARNED", reps[1]["table"]["verdict"]
+    assert reps[1]["table"]["verdict"]["use"] != "USED", reps[1]["table"]["verdict"]
 
 
 def test_without_init_it_compares_wt_and_says_so(pairs, tmp_path):
     real, _ = pairs
     rep = diagnose_json(tmp_path, real / "s0", "--reference", real / "s1")
-    assert rep["table"]["basis"] == "W_t (no W_0 given)"
-    assert "independent initialisations" in rep["table"]["verdict"]["reasons"][0]
+    assert rep["table"]["basis"] == "W_t (no W_0 given)" and rep["table"]["use"] is None
+    reasons = rep["table"]["verdict"]["reasons"]
+    assert "independent initialisations" in reasons[0] and "frequency not matched" in reasons[0]
+    assert "give --data (text) and --tokenizer" in reasons[1]
+
+
+def test_the_use_test_runs_on_a_bf16_gemma4_folder_with_its_own_tokenizer(pairs, tmp_path):
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    real, _ = pairs
+    cfg = Gemma4TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, hidden_size_per_layer_input=8,
+                           vocab_size_per_layer_input=VOCAB, layer_types=["full_attention"] * 2,
+                           max_position_embeddings=64)
+    torch.manual_seed(0)
+    folder = tmp_path / "gemma4"
+    Gemma4ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+    word_tokenizer().save(str(folder / "tokenizer.json"))
+    rep = diagnose_json(tmp_path, folder, "--data", real / "val.txt", "--seq-len", "16", "--windows", "16")
+    use = rep["table"]["use"]
+    assert set(use) == {"permute"} and use["permute"]["windows"] == 16 and use["permute"]["se"] > 0
+    assert rep["table"]["verdict"]["structure"] == "UNDECIDED" and "no --reference" in rep["table"]["verdict"][
+        "reasons"][0]
+    assert any("no --init, so no reset-to-W_0" in n for n in rep["notes"])
 
 
 @pytest.mark.parametrize("extra, needle", [
     (["--init", "{real}/s0-init"], "--init and --reference-init go together"),
     (["--init", "{real}/s0-init", "--reference-init", "{small}"], "has a table of shape"),
+    (["--data", "{real}/val.txt", "--tokenizer", "{big}"], "does not fit the model"),
+    (["--tokenizer", "{real}/tokenizer.json"], "add --data FILE"),
+    (["--data", "{real}/val.txt", "--no-use"], "--no-use turns off"),
+    (["--data", "{real}/val.txt"], "holds no tokenizer.json"),
+    (["--data", "{real}/val.txt", "--tokenizer", "{real}/tokenizer.json", "--seq-len", "100000"], "fewer than"),
 ])
 def test_bad_foreign_comparisons_are_refused(pairs, tmp_path, capsys, extra, needle):
     real, _ = pairs
     small = tmp_path / "small"
     plelab.attach(tiny_host(), 4).save_pretrained(small)
+    word_tokenizer(VOCAB + 50).save(str(tmp_path / "big.json"))
     capsys.readouterr()
     argv = ["diagnose", str(real / "s0"), "--reference", str(real / "s1"), "--no-progress",
-            *[a.format(real=real, small=small) for a in extra]]
+            *[a.format(real=real, small=small, big=tmp_path / "big.json") for a in extra]]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert needle in err and err.count("\n") == 1
+    assert needle in err and err.count("\n") == 1, err
 
 
 def test_a_reference_with_other_rows_is_refused(pairs, tmp_path, capsys):

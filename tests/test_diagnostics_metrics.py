@@ -88,7 +88,7 @@ def test_frequency_only_agreement_needs_the_matched_null_pair():
     """Two 'seeds' whose change is a shared function of row frequency only (no identity
     information). A smooth function of log-frequency is removed by the regression; a heavy-tailed
     √f is not — then only the matched null-run pair (same frequencies) stops a LEARNED verdict."""
-    from plelab.diagnostics.diagnose import cka_against_null
+    from plelab.diagnostics.agreement import cka_against_null
     from plelab.diagnostics.verdict import LEARNED, structure_verdict
 
     rng = np.random.default_rng(0)

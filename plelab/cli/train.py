@@ -8,8 +8,8 @@ from pathlib import Path
 
 from plelab.cli.common import config_args, config_settings, dp_value
 from plelab.config import resolve_run_config
-from plelab.diagnostics.diagnose import diagnose
 from plelab.errors import ConfigError, PlelabError
+from plelab.integrations.checkpoints import diagnose
 from plelab.io import check_folder_target, ensure_dir, os_reason
 from plelab.reports.diagnostics import diagnostics_text, plot_diagnostics, plot_run_history, write_json_report
 from plelab.runs import train
@@ -62,7 +62,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         check_folder_target(args.out, "--out", fix)
     rep = diagnose(args.path, reference=args.reference, null_run=args.null, use=not args.no_use,
                    num_layers=args.num_layers, dim=args.dp, windows=args.windows, progress=not args.no_progress,
-                   null_reference=args.null_reference, init=args.init, reference_init=args.reference_init)
+                   null_reference=args.null_reference, init=args.init, reference_init=args.reference_init,
+                   data=args.data, tokenizer=args.tokenizer, text_field=args.text_field, seq_len=args.seq_len)
     print(json.dumps(rep, indent=1) if args.json else diagnostics_text(rep))
     if args.out:
         ensure_dir(args.out, "--out", fix)
@@ -115,6 +116,12 @@ def add_parsers(sub) -> None:
                                             "table's cross-seed agreement must exceed")
     p.add_argument("--init", help="for a checkpoint plelab did not train: its step-0 checkpoint (W_0, for Δ)")
     p.add_argument("--reference-init", help="the --reference checkpoint's step-0 checkpoint (with --init)")
+    p.add_argument("--data", help="for a checkpoint plelab did not train: text (file or folder, as train --data) for "
+                                  "the use test, run through transformers")
+    p.add_argument("--tokenizer", help="with --data: its tokenizer.json, or a folder holding one (default: the "
+                                       "checkpoint folder's)")
+    p.add_argument("--text-field", default="text", help="with --data: the JSONL/Parquet text field (default 'text')")
+    p.add_argument("--seq-len", type=int, help="with --data: tokens per window (default 128)")
     p.add_argument("--num-layers", type=int, help="L, for a safetensors table without config.json")
     p.add_argument("--dp", type=dp_value, help="dP, for a safetensors table without config.json")
     p.add_argument("--windows", type=int, default=128, help="validation windows for the use test (default 128)")

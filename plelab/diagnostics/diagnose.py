@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 from plelab.config.schema import RunConfig
 from plelab.data.pipeline import prepare_data
 from plelab.data.tokens import PackedSampler, TokenData, val_windows
-from plelab.diagnostics.foreign import foreign_agreement
+from plelab.diagnostics.agreement import cka_against_null, comparable
+from plelab.diagnostics.foreign import ForeignUse, foreign_report
 from plelab.diagnostics.live import initial_table
 from plelab.diagnostics.monitor import MonitoredTable
 from plelab.diagnostics.predictive import id_information
@@ -30,19 +31,15 @@ from plelab.diagnostics.structure import (
     matrix_stats,
     mp_erank_ratio,
     mp_pc1,
-    residual_after,
-    unit_rows,
 )
 from plelab.diagnostics.tables import TableSource, find_table
-from plelab.diagnostics.usage import use_metrics, within_bin_permutation
-from plelab.diagnostics.verdict import UNDECIDED, Verdict, verdict
+from plelab.diagnostics.usage import use_metrics
+from plelab.diagnostics.verdict import verdict
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
 from plelab.model.ple import IIDTableIds
 from plelab.training.checkpoint import load_model_weights, read_state
 from plelab.training.optim import lr_multiplier, table_lr
-
-CKA_NULL_DRAWS = 20
 
 
 def row_occurrences(cfg: RunConfig, data: TokenData, steps: int) -> np.ndarray:
@@ -68,32 +65,6 @@ def weight_decay_shrink(cfg: RunConfig, steps: int) -> float:
     tc = cfg.train
     lr = table_lr(tc)
     return math.prod(1 - lr * lr_multiplier(s, tc) * tc.table_weight_decay for s in range(steps))
-
-
-FREQ_DEGREE = 4
-
-
-def _comparable(delta: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
-    """Δ rows with what a smooth function of frequency explains removed (each column regressed on a
-    degree-4 polynomial in standardised log-frequency), then unit-normalised (for cross-seed CKA)."""
-    logf = np.log1p(counts)
-    z = (logf - logf.mean()) / (logf.std() + 1e-12)
-    basis = torch.from_numpy(np.stack([z ** k for k in range(1, FREQ_DEGREE + 1)], 1)).double()
-    return unit_rows(residual_after(delta, basis))
-
-
-def cka_against_null(a: torch.Tensor, b: torch.Tensor, counts: np.ndarray, seed: int = 0) -> dict:
-    """Cross-seed CKA of two Δ matrices and its permutation null.
-
-    The null pairs ``a`` with ``b``'s rows shuffled among rows of similar frequency (20 draws):
-    whatever frequency alone explains — in any functional form — survives the shuffle, what
-    an id's own row learned does not. So only identity-specific agreement beats the null.
-    """
-    ca, cb = _comparable(a, counts), _comparable(b, counts)
-    value = linear_cka(ca, cb)
-    nulls = [linear_cka(ca, cb[within_bin_permutation(counts, seed + k)]) for k in range(CKA_NULL_DRAWS)]
-    return {"cka": value, "null_mean": float(np.mean(nulls)), "null_sd": float(np.std(nulls, ddof=1)),
-            "null": "rows permuted within frequency bins"}
 
 
 def _saved_counts(ckpt: Path) -> np.ndarray | None:
@@ -131,24 +102,6 @@ class RunTable:
         self.delta = self.table - alpha * w0
 
 
-def _foreign_report(report: dict, source: TableSource, reference, init, reference_init) -> dict:
-    """Cross-seed agreement of two tables plelab did not train (:mod:`plelab.diagnostics.foreign`); no use test."""
-    agreement = foreign_agreement(source, str(reference), init and str(init), reference_init and str(reference_init))
-    for layer, cs in zip(report["layers"], agreement["layers"]):
-        layer["cross_seed"] = cs
-        layer["verdict"] = Verdict(cs["structure"], UNDECIDED, []).to_dict()
-    for layer in report["layers"][len(agreement["layers"]):]:
-        layer["verdict"] = verdict().to_dict()
-    use = "use test not available for checkpoints plelab did not train (it needs the model and data)"
-    report["table"] = {"cross_seed": {k: agreement["table"][k] for k in ("cka", "null_mean", "null_sd", "null")},
-                       "basis": agreement["basis"],
-                       "verdict": Verdict(agreement["table"]["structure"], UNDECIDED,
-                                          [agreement["table"]["reason"], use]).to_dict()}
-    report["notes"].append(f"cross-seed agreement on {agreement['basis']} against {reference}; no row counts, so "
-                           "the null shuffles rows among all rows rather than within frequency bins")
-    return report
-
-
 def table_of(source: TableSource) -> RunTable | MonitoredTable:
     """What diagnose compares: a plelab run's table, or a checkpoint a Monitor wrote."""
     return MonitoredTable(source) if source.monitor is not None else RunTable(source)
@@ -179,8 +132,13 @@ def _wt_stats_streamed(source: TableSource, progress: bool) -> list[StreamingMom
 def diagnose(path: str | Path, reference: str | Path | None = None, null_run: str | Path | None = None,
              use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int = 128,
              progress: bool = True, null_reference: str | Path | None = None, init: str | Path | None = None,
-             reference_init: str | Path | None = None) -> dict:
-    """Everything ``plelab diagnose`` reports, as a JSON-ready dict."""
+             reference_init: str | Path | None = None, foreign_use: ForeignUse | None = None) -> dict:
+    """Everything ``plelab diagnose`` reports, as a JSON-ready dict.
+
+    ``init``, ``reference_init`` and ``foreign_use`` are for a checkpoint plelab did not train
+    (:mod:`plelab.diagnostics.foreign`); :func:`plelab.diagnose` builds ``foreign_use`` from ``data=`` and
+    ``tokenizer=``.
+    """
     if windows < 1:
         raise PlelabError(f"--windows must be >= 1, got {windows}")
     if null_reference is not None and (null_run is None or reference is None):
@@ -193,9 +151,12 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     if not foreign and (init is not None or reference_init is not None):
         raise PlelabError(f"--init/--reference-init are for checkpoints plelab did not train: {path} has its W_0 "
                           "already (regenerated from its seed, or the Monitor's); drop them")
-    if foreign and reference is None and (init is not None or reference_init is not None):
-        raise PlelabError("--init/--reference-init give W_0 for a cross-seed comparison: add --reference OTHER, or "
-                          "drop them")
+    if not foreign and foreign_use is not None:
+        raise PlelabError(f"{path} is a plelab run or Monitor folder: its use test reads the run's own validation "
+                          "data and model; drop --data/--tokenizer")
+    if foreign and reference is None and (reference_init is not None or (init is not None and foreign_use is None)):
+        raise PlelabError("--init/--reference-init give W_0 for a cross-seed comparison (add --reference OTHER) or, "
+                          "--init alone, for the reset test (add --data and --tokenizer); or drop them")
     L, dP = source.num_layers, source.dim
     report: dict = {"source": str(path), "table_file": str(source.file), "key": source.key, "step": source.step,
                     "run_dir": str(source.run_dir) if source.run_dir is not None else None,
@@ -206,16 +167,12 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     layers = [{"layer": i, "wt_all": acc.finalize().to_dict(), "null_all": null_all.to_dict(), "mp_all": mp}
               for i, acc in enumerate(accs)]
     report["layers"] = layers
-    if source.config is None and source.monitor is None:
-        if reference is not None:
-            return _foreign_report(report, source, reference, init, reference_init)
-        report["notes"].append("W_t-only report: no W_0, row counts or model are known for a bare safetensors "
-                               "table, so neither STRUCTURE nor USE can be decided (a Gaussian table already "
-                               "has erank ≈ d and mean cos ≈ 0)")
-        for layer in layers:
-            layer["verdict"] = verdict().to_dict()
-        report["table"] = {"verdict": verdict().to_dict()}
-        return report
+    if foreign:
+        if reference is None and foreign_use is None:
+            report["notes"].append("W_t-only report: no second seed, W_0, row counts or model were given, so neither "
+                                   "STRUCTURE nor USE can be decided (a Gaussian table already has erank ≈ d and "
+                                   "mean cos ≈ 0): add --reference, and --data with --tokenizer")
+        return foreign_report(report, source, reference, init, reference_init, foreign_use)
 
     run = table_of(source)
     if run.cfg is not None and run.cfg.ple.table != "learned":
@@ -260,8 +217,8 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     null_run_cka = None
     if nul_ref is not None:
         nboth = (nul.counts > 0) & (nul_ref.counts > 0)
-        null_run_cka = linear_cka(_comparable(nul.delta[nboth].flatten(1), nul.counts[nboth]),
-                                  _comparable(nul_ref.delta[nboth].flatten(1), nul.counts[nboth]))
+        null_run_cka = linear_cka(comparable(nul.delta[nboth].flatten(1), nul.counts[nboth]),
+                                  comparable(nul_ref.delta[nboth].flatten(1), nul.counts[nboth]))
         report["null_run_cka"] = null_run_cka
     use_table: dict | None = None
     use_layers: dict[int, dict] = {}

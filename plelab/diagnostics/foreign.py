@@ -1,28 +1,47 @@
-"""Cross-seed agreement of two per-layer tables plelab did not train (HF checkpoints, bare safetensors).
+"""The verdict on per-layer tables plelab did not train (HF Gemma 3n / Gemma 4 folders, attached models, exports,
+bare safetensors).
 
-Without row counts, the frequency-matched null of a plelab run is not available. The null here shuffles the
-reference's rows among all rows (20 draws). It therefore also credits agreement that only token frequency explains
-(frequent tokens' rows move more in both runs). The output says so.
+STRUCTURE — cross-seed agreement with ``--reference`` (:mod:`plelab.diagnostics.agreement`):
 
-- With ``init`` and ``reference_init`` (step-0 checkpoints of both runs), the compared matrices are
-  Δ = W_t − W_0 on the rows either run changed. That is the cross-seed test of a plelab run, without frequency
-  matching.
-- Without them the matrices are W_t themselves. Two seeds' random inits agree only at the null level, so W_t
-  agreement above it is learned — *if* the two checkpoints start from independent initialisations. Two
-  fine-tunes of one pretrained model agree from step 0, which is why the verdict names its basis.
+- with ``init`` and ``reference_init`` (step-0 checkpoints of both runs) the compared matrices are
+  Δ = W_t − W_0 on the rows either run changed: the cross-seed test of a plelab run;
+- without them the matrices are W_t themselves. Two seeds' random inits agree only at the null level, so W_t
+  agreement above it is learned — *if* the two checkpoints start from independent initialisations (two fine-tunes
+  of one pretrained model agree from step 0), which is why the verdict names its basis.
+
+With data (:class:`ForeignUse`: a model transformers loaded, token windows and counts of the data given) the null
+shuffles rows within frequency bins of those counts and frequency is regressed out first, as for a plelab run;
+without data it shuffles among all rows and says that frequency is not matched.
+
+USE — the interventions of :mod:`plelab.diagnostics.usage` on the loaded model: rows permuted within frequency
+bins of the data's counts, and reset to W_0 when ``init`` gives it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
+from torch import nn
 
-from plelab.diagnostics.structure import linear_cka, unit_rows
+from plelab.diagnostics.agreement import cka_against_null, cka_with_null
 from plelab.diagnostics.tables import TableSource, find_table
-from plelab.diagnostics.verdict import structure_verdict
+from plelab.diagnostics.usage import use_metrics
+from plelab.diagnostics.verdict import UNDECIDED, Verdict, structure_verdict, verdict
 from plelab.errors import PlelabError
 
-NULL_DRAWS = 20
+
+@dataclass
+class ForeignUse:
+    """What the use test of a checkpoint plelab did not train needs; :func:`plelab.diagnose` builds it from
+    ``data=`` and ``tokenizer=`` (:mod:`plelab.integrations.checkpoints`)."""
+
+    model: nn.Module  # loaded through transformers, in eval mode
+    table: nn.Parameter  # its ``embed_tokens_per_layer.weight`` [Vp, L·dP]
+    windows: torch.Tensor  # [N, T+1] token windows of the data
+    counts: np.ndarray  # [Vp] how often each table row is looked up in the data (ids >= Vp -> row 0)
+    data: str  # what the windows came from, for the report
 
 
 def _find(path: str, like: TableSource) -> TableSource:
@@ -33,7 +52,8 @@ def _find(path: str, like: TableSource) -> TableSource:
         return find_table(path, like.num_layers, like.dim)
 
 
-def _init_of(source: TableSource, init: str, what: str) -> torch.Tensor:
+def initial_of(source: TableSource, init: str, what: str) -> torch.Tensor:
+    """W_0 ``[Vp, L, dP]`` from a step-0 checkpoint; refused in one line if its table has another shape."""
     w0 = _find(init, source)
     if (w0.rows, w0.num_layers, w0.dim) != (source.rows, source.num_layers, source.dim):
         raise PlelabError(f"{what} {init} has a table of shape {[w0.rows, w0.num_layers, w0.dim]}, the checkpoint "
@@ -41,18 +61,10 @@ def _init_of(source: TableSource, init: str, what: str) -> torch.Tensor:
     return w0.load()
 
 
-def cka_with_null(a: torch.Tensor, b: torch.Tensor, seed: int = 0) -> dict:
-    """Linear CKA of unit rows of ``a`` and ``b`` (``[N, d_a]``, ``[N, d_b]``) against ``b``'s rows shuffled."""
-    ua, ub = unit_rows(a.double()), unit_rows(b.double())
-    g = torch.Generator().manual_seed(seed)
-    nulls = [linear_cka(ua, ub[torch.randperm(len(ub), generator=g)]) for _ in range(NULL_DRAWS)]
-    return {"cka": linear_cka(ua, ub), "null_mean": float(np.mean(nulls)), "null_sd": float(np.std(nulls, ddof=1)),
-            "null": "rows permuted among all rows (no row counts: frequency not matched)"}
-
-
-def foreign_agreement(source: TableSource, reference: str, init: str | None, reference_init: str | None) -> dict:
-    """The ``diagnose`` report's structure part for two foreign tables: per-layer and whole-table CKA against the
-    null, on Δ (both inits given) or on W_t (neither), and the verdict with its basis."""
+def foreign_agreement(source: TableSource, reference: str, init: str | None, reference_init: str | None,
+                      counts: np.ndarray | None = None) -> dict:
+    """Per-layer and whole-table CKA against the null, on Δ (both inits given) or on W_t (neither), with the
+    structure verdict and its basis; ``counts [Vp]`` (the data's) make the null frequency-matched."""
     if (init is None) != (reference_init is None):
         raise PlelabError("--init and --reference-init go together: Δ = W_t − W_0 needs the step-0 table of both runs "
                           "(or give neither, for agreement of W_t)")
@@ -62,24 +74,90 @@ def foreign_agreement(source: TableSource, reference: str, init: str | None, ref
                           "rows must be the same token ids (widths and layer counts may differ)")
     a, b = source.load(), ref.load()
     if init is not None:
-        a, b = a - _init_of(source, init, "--init"), b - _init_of(ref, reference_init, "--reference-init")
+        a, b = a - initial_of(source, init, "--init"), b - initial_of(ref, reference_init, "--reference-init")
     basis = "Δ = W_t − W_0" if init is not None else "W_t (no W_0 given)"
-    changed = (a.flatten(1).norm(dim=1) > 0) | (b.flatten(1).norm(dim=1) > 0) if init is not None else None
-    rows = changed if changed is not None else torch.ones(len(a), dtype=torch.bool)
+    rows = ((a.flatten(1).norm(dim=1) > 0) | (b.flatten(1).norm(dim=1) > 0) if init is not None
+            else torch.ones(len(a), dtype=torch.bool))
     if int(rows.sum()) < 3:
         raise PlelabError("fewer than 3 table rows changed since --init in either run: train further, or check that "
                           "--init is this run's step-0 checkpoint")
+    keep = rows.numpy()
+
+    def cka(x: torch.Tensor, y: torch.Tensor, seed: int) -> dict:
+        return cka_against_null(x, y, counts[keep], seed=seed) if counts is not None else cka_with_null(x, y, seed)
+
     out: dict = {"basis": basis, "rows_compared": int(rows.sum()), "layers": []}
     if (source.num_layers, source.dim) == (ref.num_layers, ref.dim):
-        out["layers"] = [cka_with_null(a[rows, i], b[rows, i], seed=i) for i in range(source.num_layers)]
-    table = cka_with_null(a[rows].flatten(1), b[rows].flatten(1))
+        out["layers"] = [cka(a[rows, i], b[rows, i], seed=i) for i in range(source.num_layers)]
+    table = cka(a[rows].flatten(1), b[rows].flatten(1), seed=0)
     for layer in out["layers"]:
         layer["structure"] = structure_verdict(layer["cka"], layer["null_mean"], layer["null_sd"])[0]
     structure = structure_verdict(table["cka"], table["null_mean"], table["null_sd"])[0]
+    how = ("rows shuffled within frequency bins of the data's token counts" if counts is not None
+           else "rows shuffled among all rows: frequency not matched")
     caveat = ("" if init is not None else "; W_t agreement counts as learned only if the two checkpoints start "
               "from independent initialisations (give --init/--reference-init for Δ)")
     out["table"] = {**table, "structure": structure,
                     "reason": f"cross-seed CKA of {basis} {table['cka']:.3f} vs permutation null "
                               f"{table['null_mean']:.3f}±{table['null_sd']:.3f} over {out['rows_compared']:,} rows "
-                              f"(rows shuffled among all rows: frequency not matched){caveat}"}
+                              f"({how}){caveat}"}
     return out
+
+
+def foreign_report(report: dict, source: TableSource, reference, init, reference_init,
+                   use: ForeignUse | None, batch: int = 16) -> dict:
+    """Fill ``report`` (the W_t part done) with the cross-seed agreement, the use test and both axes' verdicts."""
+    counts = use.counts if use is not None else None
+    agreement = (foreign_agreement(source, str(reference), init and str(init), reference_init and str(reference_init),
+                                   counts) if reference is not None else None)
+    use_layers: dict[int, dict] = {}
+    use_table = None
+    if use is not None:
+        w0 = initial_of(source, str(init), "--init") if init is not None else None
+        device = use.table.device
+        base, results = use_metrics(use.model, use.windows, w0, use.counts, batch=batch, device=device,
+                                    table=(use.table, source.num_layers, source.dim))
+        report["base_val_loss"] = base
+        use_table = {r.kind: r.to_dict() for r in results if r.layer is None}
+        for r in results:
+            if r.layer is not None:
+                use_layers.setdefault(r.layer, {})[r.kind] = r.to_dict()
+        occ = use.counts[use.counts > 0]
+        report["rows"] = {"total": source.rows, "used": int(len(occ)), "fraction_used": float((use.counts > 0).mean()),
+                          "counted_in": use.data,
+                          "occurrences_per_used_row": {"median": float(np.median(occ)), "p10": float(np.percentile(
+                              occ, 10)), "p90": float(np.percentile(occ, 90)), "max": float(occ.max())}}
+        report["notes"].append(f"use test: {len(use.windows)} windows of {use.windows.shape[1] - 1} tokens from "
+                               f"{use.data}, through transformers; rows permuted within frequency bins of the data's "
+                               "token counts" + ("" if w0 is not None else "; no --init, so no reset-to-W_0"))
+    layer_cs = agreement["layers"] if agreement else []
+    for i, layer in enumerate(report["layers"]):
+        cs = layer_cs[i] if i < len(layer_cs) else {}
+        if cs:
+            layer["cross_seed"] = cs
+        perm = use_layers.get(i, {}).get("permute")
+        layer["use"] = use_layers.get(i)
+        layer["verdict"] = verdict(cs.get("cka"), cs.get("null_mean"), cs.get("null_sd"),
+                                   delta=perm and perm["delta"], se=perm and perm["se"]).to_dict()
+    reasons = []
+    structure = UNDECIDED
+    if agreement is not None:
+        structure = agreement["table"]["structure"]
+        reasons.append(agreement["table"]["reason"])
+        report["notes"].append(f"cross-seed agreement on {agreement['basis']} against {reference}")
+    else:
+        reasons.append("no --reference (a second seed's checkpoint): W_t alone cannot tell learned structure from "
+                       "initialisation (a Gaussian table already has erank ≈ d and mean cos ≈ 0)")
+    perm, reset = (use_table or {}).get("permute"), (use_table or {}).get("reset")
+    use_line = verdict(delta=perm and perm["delta"], se=perm and perm["se"])
+    if use is None:
+        reasons.append("use test not run: give --data (text) and --tokenizer to run the model through transformers")
+    else:
+        reasons.append(use_line.reasons[1])
+    if reset:
+        reasons.append(f"reset-to-init costs {reset['delta']:+.4f}±{reset['se']:.4f} nats")
+    report["table"] = {"cross_seed": ({k: agreement["table"][k] for k in ("cka", "null_mean", "null_sd", "null")}
+                                      if agreement else None),
+                       "basis": agreement["basis"] if agreement else None, "use": use_table,
+                       "verdict": Verdict(structure, use_line.use, reasons).to_dict()}
+    return report

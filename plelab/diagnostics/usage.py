@@ -71,29 +71,28 @@ def weight_swapped(weight: torch.nn.Parameter, values: torch.Tensor):
             weight.copy_(saved)
 
 
-def table_swapped(model: nn.Module, new_weight: torch.Tensor):
-    """Temporarily replace the per-layer table's values."""
-    return weight_swapped(PLEModules(model).table, new_weight)
-
-
-def use_metrics(model: nn.Module, windows: torch.Tensor, w0: torch.Tensor, counts: np.ndarray, batch: int,
-                device: torch.device, per_layer: bool = True, seed: int = 0,
-                iid: IIDTableIds | None = None) -> tuple[float, list[Intervention]]:
-    """Base validation loss and the reset / permute interventions (whole table, then each layer); ``iid``: see
-    :func:`window_losses`."""
-    ple = PLEModules(model)
-    L, dP = ple.num_layers, ple.dim
+def use_metrics(model: nn.Module, windows: torch.Tensor, w0: torch.Tensor | None, counts: np.ndarray, batch: int,
+                device: torch.device, per_layer: bool = True, seed: int = 0, iid: IIDTableIds | None = None,
+                table: tuple[nn.Parameter, int, int] | None = None) -> tuple[float, list[Intervention]]:
+    """Base validation loss and the reset (when ``w0`` is known) and permute interventions (whole table, then each
+    layer); ``iid``: see :func:`window_losses`. ``table``: ``(weight [Vp, L·dP], L, dP)`` of a model whose PLE
+    modules plelab did not build (an HF Gemma); default: found with :class:`PLEModules`."""
+    if table is None:
+        ple = PLEModules(model)
+        table = (ple.table, ple.num_layers, ple.dim)
+    weight, L, dP = table
     base = window_losses(model, windows, batch, device, iid)
-    wt = ple.table.detach().float().cpu()
+    wt = weight.detach().float().cpu()
     perm = within_bin_permutation(counts, seed)
-    variants = {"reset": w0.reshape(wt.shape), "permute": wt[perm]}
+    variants = {"reset": w0.reshape(wt.shape)} if w0 is not None else {}
+    variants["permute"] = wt[perm]
     results = []
     for layer in [None, *(range(L) if per_layer else [])]:
         cols = slice(None) if layer is None else slice(layer * dP, (layer + 1) * dP)
         for kind, changed in variants.items():
             new = wt.clone()
             new[:, cols] = changed[:, cols]
-            with table_swapped(model, new):
+            with weight_swapped(weight, new):
                 diff = window_losses(model, windows, batch, device, iid) - base
             se = float(diff.std(unbiased=True) / len(diff) ** 0.5) if len(diff) > 1 else float("nan")
             results.append(Intervention(kind, layer, float(diff.mean()), se, len(diff)))

@@ -17,7 +17,8 @@ import numpy as np
 from safetensors import safe_open
 
 from plelab.data.pipeline import prepare_data
-from plelab.diagnostics.diagnose import RunTable, cka_against_null
+from plelab.diagnostics.agreement import cka_against_null
+from plelab.diagnostics.diagnose import RunTable
 from plelab.diagnostics.tables import find_table
 from plelab.errors import PlelabError
 from plelab.model.accounting import account

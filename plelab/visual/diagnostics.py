@@ -27,7 +27,8 @@ import torch
 from safetensors import safe_open
 
 from plelab.config.schema import RunConfig
-from plelab.diagnostics.diagnose import cka_against_null, weight_decay_shrink
+from plelab.diagnostics.agreement import cka_against_null
+from plelab.diagnostics.diagnose import weight_decay_shrink
 from plelab.diagnostics.live import initial_table
 from plelab.diagnostics.structure import gaussian_null, matrix_stats
 from plelab.diagnostics.usage import weight_swapped, within_bin_permutation
