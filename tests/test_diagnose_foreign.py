@@ -108,21 +108,51 @@ def test_without_init_it_compares_wt_and_says_so(pairs, tmp_path):
     assert "give --data (text) and --tokenizer" in reasons[1]
 
 
-def test_the_use_test_runs_on_a_bf16_gemma4_folder_with_its_own_tokenizer(pairs, tmp_path):
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+TEXT = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=16, hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
+            layer_types=["full_attention"] * 2, max_position_embeddings=64)
 
-    real, _ = pairs
-    cfg = Gemma4TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, hidden_size_per_layer_input=8,
-                           vocab_size_per_layer_input=VOCAB, layer_types=["full_attention"] * 2,
-                           max_position_embeddings=64)
+
+def gemma_folder(layout: str, folder) -> None:
+    """A tiny random HF Gemma with PLE, saved as a user's checkpoint would be."""
+    import transformers as T
+
     torch.manual_seed(0)
-    folder = tmp_path / "gemma4"
-    Gemma4ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+    if layout == "gemma3n-text":
+        model = T.Gemma3nForCausalLM(T.Gemma3nTextConfig(**TEXT, activation_sparsity_pattern=[0.0] * 2,
+                                                         num_kv_shared_layers=0, laurel_rank=4))
+    elif layout == "gemma4-multimodal":  # model.language_model.* names, a vision tower beside
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=8)
+        model = T.Gemma4ForConditionalGeneration(T.Gemma4Config(text_config=TEXT, vision_config=vision,
+                                                                 audio_config=None))
+    else:
+        model = T.Gemma4ForCausalLM(T.Gemma4TextConfig(**TEXT))
+    if layout == "gemma4-bf16":
+        model = model.to(torch.bfloat16)
+    model.save_pretrained(folder, max_shard_size="40KB" if layout == "gemma4-sharded" else "5GB")
     word_tokenizer().save(str(folder / "tokenizer.json"))
+
+
+@pytest.mark.parametrize("layout", ["gemma4-bf16", "gemma4-sharded", "gemma4-multimodal", "gemma3n-text"])
+def test_the_use_test_runs_through_transformers_on_gemma_folders(pairs, tmp_path, layout):
+    real, _ = pairs
+    folder = tmp_path / layout
+    gemma_folder(layout, folder)
+    if layout == "gemma4-sharded":
+        assert (folder / "model.safetensors.index.json").exists() and len(list(folder.glob("*.safetensors"))) > 1
     rep = diagnose_json(tmp_path, folder, "--data", real / "val.txt", "--seq-len", "16", "--windows", "16")
+    assert rep["key"].endswith("embed_tokens_per_layer.weight") and rep["shape"] == [VOCAB, 2, 8]
+    if layout == "gemma4-multimodal":
+        assert rep["key"] == "model.language_model.embed_tokens_per_layer.weight"
     use = rep["table"]["use"]
-    assert set(use) == {"permute"} and use["permute"]["windows"] == 16 and use["permute"]["se"] > 0
+    assert set(use) == {"permute"} and use["permute"]["windows"] == 16
+    if layout == "gemma3n-text":
+        # HF initialises Gemma 3n's altup.correct_output_scale to zero, and the PLE gate reads the scaled AltUp
+        # output: at init the branch is exactly zero, so permuting rows changes nothing — and the verdict says so.
+        assert use["permute"]["delta"] == 0.0 and rep["table"]["verdict"]["use"] == "UNUSED"
+    else:
+        assert use["permute"]["se"] > 0
     assert rep["table"]["verdict"]["structure"] == "UNDECIDED" and "no --reference" in rep["table"]["verdict"][
         "reasons"][0]
     assert any("no --init, so no reset-to-W_0" in n for n in rep["notes"])

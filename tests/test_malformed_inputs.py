@@ -93,6 +93,17 @@ def work(tmp_path_factory):
     (cfg / "heads.toml").write_text("[model]\nnum_attention_heads = 3\n")
     (cfg / "small.toml").write_text('preset = "cpu-small"\n')
     (cfg / "config.yaml").write_text("preset: cpu-tiny\n")
+    from hf_models import VOCAB, tiny_host  # foreign checkpoints: tiny attached HF models and their tokenizers
+    from tokenizers import Tokenizer, models
+
+    import plelab
+
+    for name, kwargs in (("hf-a", {}), ("hf-b", {"seed": 1}), ("hf-half-rows", {"vocab_size": VOCAB // 2}),
+                         ("hf-dp4", {"dim": 4})):
+        plelab.attach(tiny_host(), **{"dim": 8, **kwargs}).save_pretrained(w / name)
+    for name, size in (("tok-fits.json", VOCAB), ("tok-too-big.json", VOCAB + 50)):
+        Tokenizer(models.WordLevel({f"w{i}": i for i in range(size)}, unk_token="w0")).save(str(w / name))
+    (w / "words.txt").write_text(" ".join(f"w{i % VOCAB}" for i in range(4000)))
     siglip = w / "siglip-pickle"
     siglip.mkdir()
     (siglip / "config.json").write_text(json.dumps({"model_type": "siglip_vision_model", "hidden_size": 32}))
@@ -327,6 +338,22 @@ CASES = {
             c / "state.json", lambda d: d["config"]["data"].update(path=f"{w}/other.txt"))))],
         "was trained on another corpus"),
     "eval-bad-windows": (lambda w: ["eval", f"{w}/run", "--windows", "0"], "--windows and --batch"),
+    # checkpoints plelab did not train
+    "diagnose-reference-with-other-rows": (lambda w: ["diagnose", f"{w}/hf-a", "--reference", f"{w}/hf-half-rows",
+                                                      "--no-progress"], "rows must be the same token ids"),
+    "diagnose-init-of-another-shape": (lambda w: ["diagnose", f"{w}/hf-a", "--reference", f"{w}/hf-b", "--init",
+                                                  f"{w}/hf-a", "--reference-init", f"{w}/hf-dp4", "--no-progress"],
+                                       "has a table of shape"),
+    "diagnose-tokenizer-does-not-fit": (lambda w: ["diagnose", f"{w}/hf-a", "--data", f"{w}/words.txt",
+                                                   "--tokenizer", f"{w}/tok-too-big.json", "--no-progress"],
+                                        "does not fit the model"),
+    "diagnose-data-without-tokenizer": (lambda w: ["diagnose", f"{w}/hf-a", "--data", f"{w}/words.txt",
+                                                   "--no-progress"], "holds no tokenizer.json"),
+    "diagnose-data-on-a-plelab-run": (lambda w: ["diagnose", f"{w}/run", "--data", f"{w}/words.txt", "--tokenizer",
+                                                 f"{w}/tok-fits.json", "--no-progress"], "drop --data/--tokenizer"),
+    "diagnose-data-for-a-bare-table": (lambda w: ["diagnose", f"{w}/hf-table.safetensors", "--num-layers", "2", "--dp",
+                                                  "4", "--data", f"{w}/words.txt", "--tokenizer",
+                                                  f"{w}/tok-fits.json", "--no-progress"], "no readable config.json"),
     # export and generate
     "generate-run-without-tokenizer": (
         lambda w: ["generate", str(_run_copy(w, "gnotok", lambda c: (c.parent.parent / "tokenizer.json").unlink())),

@@ -26,7 +26,7 @@ from plelab.config.schema import RunConfig
 from plelab.data.tokenizer import EOS
 from plelab.errors import PlelabError
 from plelab.integrations.hf_model import MODEL_TYPE, classes, quiet_transformers, register, require_transformers
-from plelab.io import check_folder_target
+from plelab.io import check_folder_target, ensure_dir
 from plelab.training.checkpoint import read_state
 from plelab.training.loading import checkpoint_of, load_for_eval
 
@@ -107,7 +107,7 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
     out = Path(out)
     if out.exists():
         raise PlelabError(f"{out} exists; export writes a new folder — choose another OUT or delete it")
-    check_folder_target(out.parent, "export folder", "choose another OUT")
+    check_folder_target(out, "export folder", "choose another OUT")
     ckpt = checkpoint_of(run)
     cfg = RunConfig.from_dict(read_state(ckpt, for_resume=False)["config"])
     if cfg.visual.enabled:
@@ -129,6 +129,7 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
     else:
         config, weights, note = _llama(cfg, state)
         notes = [note]
+    ensure_dir(out.parent, "export folder's parent", "choose another OUT")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         config.save_pretrained(tmp)
