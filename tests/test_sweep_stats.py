@@ -96,3 +96,50 @@ def test_confound_arms_flag_a_transition_that_depends_on_scaling():
     res = _synthetic({"dp0": base, "dp8": dp8, "dp16": dp16, "dp16-matched": matched16}, controls=["matched"])
     notes = " ".join(analyse(res)["confounds"])
     assert "dP 8→16" in notes and "possibly an artefact" in notes
+
+
+def test_families_are_blocked_with_a_pooled_error_and_fall_back_when_variances_differ():
+    rng = np.random.default_rng(7)
+    base = 5.0 + rng.normal(0, 0.08, 6)
+    even = {"dp0": base, **{f"dp{d}": base - 0.01 * i + rng.normal(0, 0.01, 6) for i, d in enumerate((8, 16, 32), 1)}}
+    analysis = analyse(_synthetic(even))
+    assert analysis["methods"]["vs_baseline"]["method"] == "blocked"
+    assert analysis["methods"]["vs_baseline"]["df"] == (4 - 1) * (6 - 1)
+    assert {c["adjustment"] for c in analysis["vs_baseline"]} == {"Dunnett"}
+    assert {c["adjustment"] for c in analysis["consecutive"]} == {"Holm"} and analysis["consecutive"][0]["df"] == 15
+    noisy = dict(even, dp32=even["dp16"] + rng.normal(0, 0.3, 6))  # one arm far noisier: no pooled error
+    how = analyse(_synthetic(noisy))["methods"]["consecutive"]
+    assert how["method"] == "paired t per comparison" and "unequal variances" in how["fallback"]
+
+
+def test_inconclusive_says_how_many_seeds_would_decide_and_delta_sensitivity_is_reported():
+    rng = np.random.default_rng(8)
+    base = 5.0 + rng.normal(0, 0.08, 3)
+    res = _synthetic({"dp0": base, "dp8": base + rng.normal(0, 0.05, 3), "dp16": base + rng.normal(0, 0.05, 3)})
+    analysis = analyse(res)
+    c = analysis["consecutive"][0]
+    assert c["label"] == stats.INCONCLUSIVE and c["seeds_to_decide"]["equivalence"] > 3
+    assert f"≈{c['seeds_to_decide']['equivalence']} seeds would show equivalence" in c["reason"]
+    labels = analysis["sensitivity"]["consecutive"][0]["labels"]
+    assert set(labels) == {"0.01", "0.02", "0.04"}
+
+
+def test_advise_never_reads_low_power_as_no_difference(tmp_path, monkeypatch):
+    from plelab.sweeps.advise import advise
+
+    def advise_text(res) -> str:
+        monkeypatch.setattr("plelab.sweeps.advise.collect", lambda root, structure=False: res)
+        return advise(tmp_path)
+
+    rng = np.random.default_rng(9)
+    base = 5.0 + rng.normal(0, 0.08, 3)
+    res = _synthetic({"dp0": base, "dp8": base - 0.05 + rng.normal(0, 0.03, 3),
+                      "dp16": base - 0.06 + rng.normal(0, 0.03, 3)})
+    text = advise_text(res)
+    assert "Cannot choose yet" in text and "seeds would decide" in text and "Recommendation" not in text
+    tight = 5.0 + rng.normal(0, 0.08, 8)
+    res = _synthetic({"dp0": tight, "dp8": tight - 0.05 + rng.normal(0, 0.002, 8),
+                      "dp16": tight - 0.052 + rng.normal(0, 0.002, 8)})
+    text = advise_text(res)
+    assert "Recommendation: dP = 8." in text and "within δ" in text
+

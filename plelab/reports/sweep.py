@@ -28,6 +28,53 @@ def _cmp_cells(c: dict | None) -> list[str]:
     return [fmt(c["mean"], "+.4f"), ci, c["label"]]
 
 
+def _decide(c: dict) -> str:
+    """Seeds that would decide an inconclusive comparison: ``detect δ / show ±δ`` (— where decided or unknown)."""
+    need = c.get("seeds_to_decide") or {}
+    if c["label"] != "inconclusive" or not need:
+        return "—"
+    return f"{need.get('difference') or '>1000'} / {need.get('equivalence') or '>1000'}"
+
+
+def delta_origin(spec) -> str:
+    """Where δ came from: never from the runs it judges."""
+    if spec.delta == 0.02:
+        return ("plelab's default, declared before any run: about the seed's dP=256 gain of 0.023 nats; pass --delta "
+                "to declare another before the sweep")
+    return "declared by the user with --delta before the sweep"
+
+
+METHOD_NAMES = {"vs_baseline": "each dP against the baseline", "consecutive": "consecutive dP steps",
+                "controls": "controls against their reference arm", "controls_vs_baseline": "controls against the "
+                "baseline"}
+
+
+def method_lines(analysis: dict) -> list[str]:
+    """One line per comparison family: the design it was analysed under, its error and its adjustment."""
+    out = []
+    for name, how in analysis.get("methods", {}).items():
+        what = METHOD_NAMES.get(name, name.replace("_", " "))
+        if how["method"] == "blocked":
+            eq = how["equal_variance_p"]
+            out.append(f"{what}: randomised complete block design, seeds as blocks across {how['arms']} arms × "
+                       f"{how['seeds']} seeds; pooled residual sd {how['sigma']:.4f} on ν = {how['df']} df "
+                       f"(sphericity: Bartlett p = {fmt(eq, '.3g')} across the pairwise differences); "
+                       f"{how['adjustment']}"
+                       + (" (many-to-one, multivariate t)" if how["adjustment"] == "Dunnett" else "")
+                       + f" over {how['comparisons']} comparisons.")
+        else:
+            out.append(f"{what}: paired t per comparison, Holm over {how['comparisons']} — {how.get('fallback')}.")
+    return out
+
+
+def sensitivity_table(analysis: dict, spec) -> tuple[list[str], list[list[str]]]:
+    margins = [f"{d:g}" for d in (spec.delta / 2, spec.delta, 2 * spec.delta)]
+    head = ["family", "comparison", *[f"label at δ = {m}" for m in margins]]
+    rows = [[METHOD_NAMES.get(fam, fam), f"{r['b']} − {r['a']}", *[r["labels"][m] for m in margins]]
+            for fam, items in analysis["sensitivity"].items() for r in items]
+    return head, rows
+
+
 def results_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
     head = ["arm", "dP", "added params", "% of base", "val loss (mean ± sd, n)", "Δ vs baseline", "95% CI", "label",
             "structure (final)", "use (final)", "SNR", "occurrences / used row (median)"]
@@ -40,12 +87,12 @@ def results_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def comparison_table(comps: list[dict]) -> tuple[list[str], list[list[str]]]:
-    head = ["comparison", "n", "Δ (B − A)", "95% CI", "p (Holm)", "p TOST (Holm)", "MDE", "gain / added M params",
-            "label"]
+    head = ["comparison", "n", "Δ (B − A)", "95% CI", "p (adjusted)", "p TOST (Holm)", "MDE", "seeds to decide",
+            "gain / added M params", "label"]
     rows = [[f"{c['b']} − {c['a']}", str(c["n"]), fmt(c["mean"], "+.4f"),
-             f"[{fmt(c['ci_low'], '+.4f')}, {fmt(c['ci_high'], '+.4f')}]", fmt(c["p_holm"], ".3g"),
-             fmt(c["p_tost_holm"], ".3g"), fmt(c["mde"]), fmt(c.get("gain_per_m_params"), "+.4f"), c["label"]]
-            for c in comps]
+             f"[{fmt(c['ci_low'], '+.4f')}, {fmt(c['ci_high'], '+.4f')}]",
+             f"{fmt(c['p_adj'], '.3g')} ({c['adjustment']})", fmt(c["p_tost_adj"], ".3g"), fmt(c["mde"]),
+             _decide(c), fmt(c.get("gain_per_m_params"), "+.4f"), c["label"]] for c in comps]
     return head, rows
 
 
@@ -67,16 +114,21 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> l
                      f"{reg['base_params']:,} base parameters), {t['steps']} steps × {t['batch_size']} × "
                      f"{t['seq_len']} tokens per run ({reg['tokens']:,} tokens), seeds {spec.seeds}, paired: every "
                      f"arm of a seed has the same data order and initial trunk. A run's loss is the mean of its last "
-                     f"{spec.last_k} validation evaluations; δ = {spec.delta} nats; α = {spec.alpha} after Holm. "
-                     "Confidence intervals are 95% per comparison (unadjusted); the labels use Holm-adjusted "
-                     "p-values, so a CI that just excludes 0 can still be labelled inconclusive; the equivalence "
-                     "test (TOST) at α corresponds to the 90% CI lying inside ±δ."))
+                     f"{spec.last_k} validation evaluations; δ = {spec.delta} nats ({delta_origin(spec)}); α = "
+                     f"{spec.alpha} family-wise. Confidence intervals are 95% per comparison (unadjusted); the labels "
+                     "use family-adjusted p-values (see Design and methods), so a CI that just excludes 0 can still be "
+                     "labelled inconclusive; the equivalence test (TOST) at α corresponds to the 90% CI lying inside "
+                     "±δ. \"Equivalent\" and \"dead zone\" come only from TOST; anything else undecided is "
+                     "\"inconclusive\", with the seeds that would decide it."))
     if spec.kind == "dp":
         out.append(("p", f"Reproduce or resume: `{sweep_command(spec, res.root)}`"))
     if res.missing:
         out.append(("p", f"**{len(res.missing)} run(s) unfinished** and left out: {', '.join(res.missing[:8])}"
                          + (" …" if len(res.missing) > 8 else "") + f". Rerun `plelab sweep --out {res.root}`."))
     out += [("h2", "Findings"), ("ul", findings(res, analysis, reg))]
+    out += [("h2", "Design and methods"), ("ul", method_lines(analysis))]
+    if analysis.get("sensitivity"):
+        out += [("h3", "Labels at other margins (δ-sensitivity)"), ("table", *sensitivity_table(analysis, spec))]
     out += [("h2", "Results in the seed's format"), ("table", *results_table(analysis))]
     out += [("h2", "Consecutive dP steps (dead zones and transitions)"),
             ("table", *comparison_table(analysis["consecutive"]))]

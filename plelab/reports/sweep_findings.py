@@ -7,6 +7,7 @@ import math
 import statistics
 
 from plelab.sweeps import stats
+from plelab.sweeps.power import seeds_to_decide
 from plelab.sweeps.results import SweepResults
 from plelab.sweeps.spec import sweep_command
 
@@ -14,14 +15,14 @@ SEED_FIRST_STEP = "dP 64→128 (+8.98% → +17.96% of base parameters), loss 2.1
 
 
 def required_seeds(analysis: dict, delta: float, alpha: float, power: float = 0.8) -> int | None:
-    """Seeds per arm for which the minimum detectable effect of a consecutive step (after Holm over
-    the steps) reaches δ, at the median spread of the paired differences measured here
-    (None: no spread measured, or more than 200)."""
+    """Seeds per arm at which a consecutive step of δ is detected with ``power`` (exact noncentral t, level α/m
+    for m steps), at the median spread of the paired differences measured here (None: no spread measured, or
+    more than 1000)."""
     sds = [c["sd"] for c in analysis["consecutive"] if c.get("sd")]
     if not sds:
         return None
     sd, m = statistics.median(sds), len(analysis["consecutive"])
-    return next((n for n in range(2, 201) if stats.mde(sd, n, alpha, power, m) <= delta), None)
+    return seeds_to_decide("difference", sd, delta, alpha / m, power)
 
 
 def _step(c: dict, spec) -> str:
@@ -29,7 +30,7 @@ def _step(c: dict, spec) -> str:
     if c["ci_low"] is None:
         return f"dP {a}→{b}: {c['label']} (Δ {c['mean']:+.4f}, n={c['n']})"
     return (f"dP {a}→{b}: **{c['label']}** (Δ {c['mean']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}], "
-            f"p_Holm {c['p_holm']:.3g}, p_TOST,Holm {c['p_tost_holm']:.3g})")
+            f"p_{c['adjustment']} {c['p_adj']:.3g}, p_TOST,Holm {c['p_tost_adj']:.3g})")
 
 
 def findings(res: SweepResults, analysis: dict, reg: dict) -> list[str]:
@@ -82,18 +83,21 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[str]:
     if ev.get("rows"):
         step = ev["rows"][0]["early_step"]
         u, nu = ev["used"], ev["unused"]
-        rho, p = ev["spearman_use_delta"]
         line = (f"Early verdict at step {step} of {res.configs[spec.baseline]['train']['steps']}: USED in {u['runs']} "
                 f"run(s), {u['gain_ge_delta']} of them ended ≥ δ below the baseline; UNUSED in {nu['runs']}, "
                 f"{nu['gain_ge_delta']} of them ended ≥ δ below it")
-        if math.isfinite(rho):
-            line += f"; Spearman ρ(early permute Δ, final gain) = {rho:+.2f} (p {p:.3g}, {ev['n']} runs)"
-        out.append(line + " (learned tables only).")
-        rho_z, p_z = ev["spearman_use_vs_zero"]
-        if math.isfinite(rho_z):
-            out.append(f"Against the table's own share (each run vs the zeroed table at its dP and seed): Spearman "
-                       f"ρ(early permute Δ, final gain over the zeroed table) = {rho_z:+.2f} (p {p_z:.3g}, "
-                       f"{ev['n_vs_zero']} runs).")
+        w = ev["within_arm_use_delta"]
+        if math.isfinite(w["rho"]):
+            line += (f"; within arms (the arm's own effect held fixed), mean Spearman ρ(early permute Δ, final gain) "
+                     f"= {w['rho']:+.2f}, permutation p {w['p']:.3g} over {w['groups']} arms × {w['runs']} runs")
+        else:
+            line += "; too few runs per arm (≥ 3 needed) to test prediction within arms"
+        out.append(line + " (learned tables only; runs of different arms are not pooled into one correlation, "
+                          "since the arm alone predicts much of the final ΔLoss).")
+        wz = ev["within_arm_use_vs_zero"]
+        if math.isfinite(wz["rho"]):
+            out.append(f"Against the table's own share (each run vs the zeroed table at its dP and seed), within arms: "
+                       f"mean ρ = {wz['rho']:+.2f}, permutation p {wz['p']:.3g} ({wz['runs']} runs).")
         if nu["gain_ge_delta"]:
             out.append(f"{nu['gain_ge_delta']} run(s) judged UNUSED early still ended ≥ δ below the baseline: part of "
                        "the gain vs baseline does not go through the table (the zero-table control measures it).")

@@ -1,13 +1,15 @@
 """``plelab advise SWEEP``: a dP recommendation that never goes beyond what the sweep measured.
 
-Rule: among the measured dP values whose paired gain over the baseline is significant (Holm),
-take the smallest one that the best-measured dP does not beat significantly (paired, Holm over
-the candidates) — the cheapest dP with the best gain the data can tell apart. If no dP beats the
-baseline, the advice is dP = 0, with the minimum detectable effect, so that "no gain" and "not
-enough seeds" are not confused. A configuration that differs from the sweep's (model, PLE
-settings, token budget, data) or a dP that was not measured is refused with the reason: dP
-effects do not transfer across model size, token budget or data (the seed's dead zone sits at
-3B parameters and 400B tokens).
+Rule (non-inferiority, Wellek 2010): find the measured dP with the lowest mean loss (the baseline dP = 0
+included), then test every cheaper dP against it one-sidedly, H0: loss(cheaper) − loss(best) ≥ δ, paired by
+seed (on the blocked design's pooled error where it holds), Holm over the cheaper ones. The advice is the
+cheapest dP shown to be within δ of the best — provided every dP cheaper still is shown worse than the best;
+where a cheaper one is neither (too few seeds), plelab says it cannot choose yet and how many seeds would
+decide, instead of reading a failure to find a difference as no difference.
+
+A configuration that differs from the sweep's (model, PLE settings, token budget, data) or a dP that was not
+measured is refused with the reason: dP effects do not transfer across model size, token budget or data (the
+seed's dead zone sits at 3B parameters and 400B tokens).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from plelab.config import RunConfig, keys_tagged, resolve_config
 from plelab.errors import PlelabError
-from plelab.sweeps import stats
+from plelab.sweeps import blocked, power, stats
 from plelab.sweeps.analysis import analyse
 from plelab.sweeps.results import collect
 from plelab.sweeps.spec import load_spec
@@ -89,37 +91,48 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
 
     if dp is not None:
         return "\n".join([*lines, describe(dp)])
-    gains = [d for d in measured if d > 0 and vs.get(name[d], {}).get("label") in (stats.DROP, stats.SMALL_DROP)
-             and vs[name[d]]["mean"] < 0]
-    if not gains:
-        lines.append("Recommendation: dP = 0. No measured dP lowered the validation loss significantly against the "
-                     "baseline after Holm correction:")
-        lines += [f"  {describe(d)}" for d in measured if d > 0]
-        mdes = [vs[name[d]]["mde"] for d in measured if d > 0 and vs.get(name[d], {}).get("mde") is not None]
-        if mdes:
-            lines.append(f"  With {len(spec.seeds)} seeds the smallest detectable gain is ≈{min(mdes):.4f} nats; a "
-                         "smaller real gain would be missed — grow the sweep with more seeds before concluding.")
+    losses = {name[d]: {s_: r.loss for s_, r in res.runs[name[d]].items()} for d in measured}
+    best = min(measured, key=lambda d: sum(losses[name[d]].values()) / len(losses[name[d]]))
+    cheaper = [d for d in measured if d < best]
+    comps, _ = blocked.analyse_family(losses, [(name[best], name[d]) for d in cheaper], spec.delta, spec.alpha,
+                                      steps=False)
+    by_arm = {c.b: c for c in comps}
+    cheaper = [d for d in cheaper if name[d] in by_arm]  # arms sharing seeds with the best
+    comps = [by_arm[name[d]] for d in cheaper]
+    p_ni = stats.holm([stats.noninferiority_p(c, spec.delta) for c in comps])
+    status = {}
+    for d, c, p in zip(cheaper, comps, p_ni):
+        if p < spec.alpha:
+            status[d] = ("within δ", c, p)
+        elif c.p_adj < spec.alpha and c.mean > 0:
+            status[d] = ("worse", c, p)
+        else:
+            status[d] = ("undecided", c, p)
+    within = [d for d in cheaper if status[d][0] == "within δ"]
+    choice = within[0] if within else best
+    undecided = [d for d in cheaper if d < choice and status[d][0] == "undecided"]
+    lines.append(f"Lowest mean loss: dP={best}. Each cheaper dP against it, one-sided: is it worse by less than "
+                 f"δ = {spec.delta}? (non-inferiority, paired by seed, Holm over {len(cheaper)})")
+    for d in cheaper:
+        what, c, p = status[d]
+        need = power.seeds_to_decide("noninferior", c.sd, spec.delta, spec.alpha / max(1, len(cheaper)))
+        lines.append(f"  dP={d}: {d} − best = {c.mean:+.4f} [{c.ci_low:+.4f}, {c.ci_high:+.4f}], p_NI,Holm {p:.3g} "
+                     f"→ {what}" + (f" (≈{need} seeds would decide, if the true difference is 0)"
+                                    if what == "undecided" and need else ""))
+    if undecided:
+        lines.append(f"Cannot choose yet: dP={choice} is the cheapest shown within δ of the best, but "
+                     f"{', '.join(f'dP={d}' for d in undecided)} might be too and is neither shown within δ nor "
+                     "shown worse. Grow the sweep with the seeds above before choosing.")
         return "\n".join(lines)
-    best = min(gains, key=lambda d: vs[name[d]]["mean"])
-    cands = [d for d in gains if d < best]
-    seeds_ok = {d: res.seeds_of(name[d], name[best]) for d in cands}
-    loss = {d: res.runs[name[d]] for d in [*cands, best]}
-    comps = stats.family([stats.paired(name[d], name[best],
-                                       [loss[best][s].loss - loss[d][s].loss for s in seeds_ok[d]],
-                                       spec.delta, spec.alpha) for d in cands], steps=False)
-    # the cheapest candidate that the best dP does not beat by more than δ
-    choice = next((d for d, c in zip(cands, comps) if c.label != stats.DROP), best)
     lines.append(f"Recommendation: dP = {choice}.")
     lines.append(f"  {describe(choice)}")
     if choice != best:
-        c = comps[cands.index(choice)]
-        lines.append(f"  The best-measured dP={best} is not significantly better than dP={choice} (paired Δ "
-                     f"{c.mean:+.4f}, '{c.label}'), and costs "
-                     f"+{acc[name[best]]['added'] - acc[name[choice]]['added']:,} more parameters.")
+        lines.append(f"  The best-measured dP={best} costs +{acc[name[best]]['added'] - acc[name[choice]]['added']:,} "
+                     f"more parameters; dP={choice} is shown to be worse than it by less than δ.")
     for kind in ("zero", "frozen"):
         control = spec.at(kind, choice)
         c = next((c for c in analysis["controls"] if c["b"] == control), None) if control else None
-        if c is not None and c["ci_low"] is not None:
+        if c is not None and c["ci_low"] is not None and name[choice] in vs:
             what = "zeroed (only the per-layer matrices left)" if kind == "zero" else "frozen at its random init"
             rest = vs[name[choice]]["mean"] + c["mean"]
             lines.append(f"  With the table {what}, the loss at dP={choice} is {c['mean']:+.4f} [{c['ci_low']:+.4f}, "

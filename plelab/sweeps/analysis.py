@@ -2,11 +2,13 @@
 seed's format, the Holm-corrected comparison families, the confound checks, and whether the
 early verdict predicted the final result.
 
-Families (Holm within each):
+Families, each analysed as a randomised complete block design — the seeds are blocks across the family's
+arms, one pooled error (:mod:`plelab.sweeps.blocked`) — or, where that design does not hold (incomplete
+blocks, unequal variances), by paired t per comparison; the report names the method of each family:
 
-- ``vs_baseline``: every main-curve arm against ``dp0`` (the seed's ΔLoss column); the control
-  and variant arms against ``dp0`` form a family of their own;
-- ``consecutive``: each main-curve step dP_i → dP_{i+1} (where dead zones and transitions live);
+- ``vs_baseline``: every main-curve arm against ``dp0`` (the seed's ΔLoss column), Dunnett-adjusted
+  (many-to-one); the control and variant arms against ``dp0`` form a family of their own;
+- ``consecutive``: each main-curve step dP_i → dP_{i+1} (where dead zones and transitions live), Holm;
 - ``controls``: every control/variant arm against its reference arm at the same dP;
 - ``{family}_consecutive``: the same steps along each control curve (frozen, zero, matched...).
 
@@ -17,23 +19,20 @@ credited to the learned table.
 
 from __future__ import annotations
 
-import math
-
 from plelab.diagnostics.verdict import verdict
-from plelab.sweeps import stats
+from plelab.sweeps import blocked, stats
 from plelab.sweeps.results import SweepResults
 
 
-def _compare(res: SweepResults, a: str, b: str, m: int = 1) -> stats.Comparison | None:
-    seeds = res.seeds_of(a, b)
-    if not seeds:
-        return None
-    diffs = [res.runs[b][s].loss - res.runs[a][s].loss for s in seeds]
-    return stats.paired(a, b, diffs, res.spec.delta, res.spec.alpha, m=m)
-
-
-def _family(res: SweepResults, pairs: list[tuple[str, str]], steps: bool = True) -> list[stats.Comparison]:
-    return stats.family([c for a, b in pairs if (c := _compare(res, a, b, m=len(pairs))) is not None], steps)
+def _family(res: SweepResults, pairs: list[tuple[str, str]], steps: bool = True, many_to_one: bool = False,
+            methods: dict | None = None, name: str = "") -> list[stats.Comparison]:
+    """One family of comparisons, analysed by :func:`blocked.analyse_family`; how it was analysed goes into
+    ``methods[name]``."""
+    losses = {arm: {s: r.loss for s, r in by_seed.items()} for arm, by_seed in res.runs.items()}
+    comps, how = blocked.analyse_family(losses, pairs, res.spec.delta, res.spec.alpha, steps, many_to_one)
+    if methods is not None and comps:
+        methods[name] = how
+    return comps
 
 
 def _curve(res: SweepResults, family: str) -> list[str]:
@@ -91,24 +90,39 @@ def confounds(res: SweepResults, consecutive: list[stats.Comparison], curves: di
               vs_base: dict[str, stats.Comparison], controls: list[stats.Comparison]) -> list[str]:
     """Plain-language findings on artefacts (empty when no confound arm was run).
 
-    Scale-matched curve: a main-curve step that moves ("drop") where the matched curve is shown flat
-    ("equivalent"), or the reverse, depends on Gemma's √dP multiplier — a possible artefact. Frozen /
+    Scale-matched curve: the difference between a main-curve step and the same step with the table scale held
+    fixed, tested directly as a contrast paired by seed (not by comparing the two steps' labels: a difference of
+    significance is not a significant difference). A significant contrast means the step depends on Gemma's √dP
+    multiplier — a possible artefact; a contrast within ±δ rules that out. Frozen /
     zeroed tables: a gain vs baseline counts as the learned table's only if the learned table beats the
     control at the same dP (the control arms against their reference).
     """
     notes = []
     x = {a.name: int(a.x) for a in res.spec.arms}
-    moved, flat = {stats.DROP, stats.DIMINISHING}, {stats.EQUIVALENT}
     matched = {(x[c.a], x[c.b]): c for c in curves.get("matched", [])}
+    contrasts = []
     for c in consecutive:
         other = matched.get((x[c.a], x[c.b]))
-        if other is None or c.label == stats.INCONCLUSIVE or other.label == stats.INCONCLUSIVE:
+        seeds = sorted(set(res.seeds_of(c.a, c.b)) & set(res.seeds_of(other.a, other.b))) if other else []
+        if len(seeds) < 2:
             continue
-        step = f"dP {x[c.a]}→{x[c.b]}: '{c.label}' on the main curve, '{other.label}' with the table scale held fixed"
-        if (c.label in moved and other.label in flat) or (c.label in flat and other.label in moved):
-            notes.append(f"{step} ({other.mean:+.4f}) — the step depends on the √dP multiplier: possibly an artefact")
+        run = res.runs  # the two steps' difference, paired by seed: (b − a) on the main curve − (b − a) matched
+        diffs = [(run[c.b][s].loss - run[c.a][s].loss) - (run[other.b][s].loss - run[other.a][s].loss) for s in seeds]
+        contrasts.append((c, other, stats.paired(f"{other.a}→{other.b}", f"{c.a}→{c.b}", diffs, res.spec.delta,
+                                                 res.spec.alpha)))
+    stats.family([k for _, _, k in contrasts], steps=False)
+    for c, other, k in contrasts:
+        step = (f"dP {x[c.a]}→{x[c.b]}: main-curve step {c.mean:+.4f}, with the table scale held fixed "
+                f"{other.mean:+.4f}; their difference {k.mean:+.4f} [{k.ci_low:+.4f}, {k.ci_high:+.4f}] "
+                f"(paired by seed, Holm over {len(contrasts)} steps)")
+        if k.label in (stats.DROP, stats.RISE, stats.SMALL_DROP, stats.SMALL_RISE):
+            notes.append(f"{step} is significant: the step depends on the √dP multiplier — possibly an artefact")
+        elif k.label == stats.EQUIVALENT:
+            notes.append(f"{step} lies within ±{res.spec.delta}: not an artefact of the √dP multiplier")
         else:
-            notes.append(f"{step} — not an artefact of the √dP multiplier")
+            need = (k.seeds_to_decide or {}).get("difference")
+            notes.append(f"{step}: cannot tell whether the step depends on the √dP multiplier"
+                         + (f" (≈{need} seeds would detect a difference of δ)" if need else ""))
     ctrl = {c.b: c for c in controls}
     for arm in res.spec.arms:
         if arm.family not in ("frozen", "zero") or arm.reference not in vs_base:
@@ -134,7 +148,9 @@ def confounds(res: SweepResults, consecutive: list[stats.Comparison], curves: di
 
 def early_vs_final(res: SweepResults) -> dict:
     """Does the early verdict predict the final paired ΔLoss? Per run (arm × seed) with a learned table
-    (a frozen or zeroed table is UNUSED by construction; its arms measure the other paths)."""
+    (a frozen or zeroed table is UNUSED by construction; its arms measure the other paths). The correlations are
+    within arms (:func:`stats.within_group_spearman`): runs of different arms are not independent evidence
+    about prediction, since the arm alone predicts much of the final ΔLoss."""
     rows = []
     base = res.runs.get(res.spec.baseline, {})
     for arm in res.spec.arms:
@@ -156,13 +172,20 @@ def early_vs_final(res: SweepResults) -> dict:
     out: dict = {"rows": rows, "n": len(rows)}
     if rows:
         gains = [-r["final_delta"] for r in rows]
-        out["spearman_use_delta"] = stats.spearman([r["early_use_delta"] for r in rows], gains)
-        ckas = [(r["early_cka"], g) for r, g in zip(rows, gains) if r["early_cka"] is not None]
-        out["spearman_cka"] = stats.spearman([c for c, _ in ckas], [g for _, g in ckas]) if ckas else (math.nan,) * 2
-        credit = [(r["early_use_delta"], -r["vs_zero"]) for r in rows if r["vs_zero"] is not None]
-        out["spearman_use_vs_zero"] = (stats.spearman([u for u, _ in credit], [g for _, g in credit])
-                                       if credit else (math.nan, math.nan))
-        out["n_vs_zero"] = len(credit)
+
+        def within(key, target) -> dict:
+            groups: dict[str, tuple[list, list]] = {}
+            for r, g in zip(rows, target):
+                if r[key] is not None and g is not None:
+                    groups.setdefault(r["arm"], ([], []))[0].append(r[key])
+                    groups[r["arm"]][1].append(g)
+            return stats.within_group_spearman(list(groups.values()))
+        # within arms: pooling the arms' runs would credit what the arm (dP) alone predicts
+        out["within_arm_use_delta"] = within("early_use_delta", gains)
+        out["within_arm_cka"] = within("early_cka", gains)
+        own = [-r["vs_zero"] if r["vs_zero"] is not None else None for r in rows]
+        out["within_arm_use_vs_zero"] = within("early_use_delta", own)
+        out["n_vs_zero"] = sum(v is not None for v in own)
         delta = res.spec.delta
         used = [g for r, g in zip(rows, gains) if r["early_use"] == "USED"]
         unused = [g for r, g in zip(rows, gains) if r["early_use"] == "UNUSED"]
@@ -176,17 +199,20 @@ def early_vs_final(res: SweepResults) -> dict:
 def analyse(res: SweepResults) -> dict:
     spec = res.spec
     main = _curve(res, "dP")
-    vs_base = {c.b: c for c in _family(res, [(spec.baseline, a) for a in main[1:]], steps=False)}
-    consecutive = _family(res, list(zip(main, main[1:])))
+    methods: dict = {}
+    vs_base = {c.b: c for c in _family(res, [(spec.baseline, a) for a in main[1:]], steps=False, many_to_one=True,
+                                       methods=methods, name="vs_baseline")}
+    consecutive = _family(res, list(zip(main, main[1:])), methods=methods, name="consecutive")
     controls = _family(res, [(a.reference, a.name) for a in spec.arms if a.reference and a.alias_of is None],
-                       steps=False)
+                       steps=False, methods=methods, name="controls")
     curve_families = sorted({a.family for a in spec.arms if a.family in ("frozen", "zero", "matched")})
     curves = {}
     for fam in curve_families:
         names = _curve(res, fam)
-        curves[fam] = _family(res, list(zip(names, names[1:])))
+        curves[fam] = _family(res, list(zip(names, names[1:])), methods=methods, name=f"{fam}_consecutive")
     others = [a.name for a in spec.arms if a.family != "dP" and a.alias_of is None]
-    vs_base.update({c.b: c for c in _family(res, [(spec.baseline, a) for a in others], steps=False)})
+    vs_base.update({c.b: c for c in _family(res, [(spec.baseline, a) for a in others], steps=False, many_to_one=True,
+                                            methods=methods, name="controls_vs_baseline")})
     rows = arm_rows(res, vs_base)
     added = {a.name: res.accounting[a.name]["added"] for a in spec.arms}
     per_m = {}
@@ -194,6 +220,14 @@ def analyse(res: SweepResults) -> dict:
         extra = (added[c.b] - added[c.a]) / 1e6
         per_m[(c.a, c.b)] = -c.mean / extra if extra > 0 else None
         c.reason += f"; gain per added M params {per_m[(c.a, c.b)]:+.4f} nats" if extra > 0 else ""
+    sensitivity = {}
+    for name, comps, steps in (("vs_baseline", [vs_base[a] for a in main[1:] if a in vs_base], False),
+                               ("consecutive", consecutive, True)):
+        if comps:
+            margins = (spec.delta / 2, spec.delta, 2 * spec.delta)
+            labels = [stats.labels_at(comps, d, steps) for d in margins]
+            sensitivity[name] = [{"a": c.a, "b": c.b, "labels": {f"{d:g}": ls[i] for d, ls in zip(margins, labels)}}
+                                 for i, c in enumerate(comps)]
     return {
         "rows": rows,
         "vs_baseline": [vs_base[a].to_dict() for a in main[1:] if a in vs_base],
@@ -204,4 +238,6 @@ def analyse(res: SweepResults) -> dict:
         "confounds": confounds(res, consecutive, curves, vs_base, controls),
         "early_vs_final": early_vs_final(res),
         "missing": res.missing,
+        "methods": methods,
+        "sensitivity": sensitivity,
     }

@@ -1,21 +1,23 @@
-"""Paired statistics that cannot over-claim: t intervals, TOST equivalence, Holm, labels, MDE.
+"""Statistics that cannot over-claim: t intervals, TOST equivalence, Holm, labels, MDE, seeds to decide.
 
 Every comparison is *paired*: arm B minus arm A, seed by seed (same data order and the same
-initial trunk weights), so seed-to-seed spread cancels and only the within-pair differences
-d_i = loss_B,i − loss_A,i enter. With n seeds:
+initial trunk weights), so seed-to-seed spread cancels. A comparison is built from an estimate d̄ of the
+mean difference, its standard error se and the error's degrees of freedom ν:
 
-- paired t: mean d̄, s = sd(d), se = s/√n, CI = d̄ ± t_{1−α/2, n−1}·se, two-sided p;
-- TOST (Schuirmann 1987): equivalence within ±δ when both one-sided tests
-  H0: d ≤ −δ and H0: d ≥ +δ are rejected; p_TOST = max of the two one-sided p;
-- Holm (1979): step-down correction of the p-values of a family of comparisons (both the
-  difference and the equivalence p-values are corrected within the family);
-- minimum detectable effect at power 1−β: (t_{1−α'/2,n−1} + t_{1−β,n−1})·s/√n (the usual
-  normal-shift approximation with the t quantiles), at α' = α/m for a family of m comparisons —
-  Holm's threshold for its smallest p-value, so the MDE is what the corrected test can detect.
+- paired t (:func:`paired`): the pair's own differences d_i = loss_B,i − loss_A,i, se = sd(d)/√n, ν = n − 1;
+- blocked (:func:`pooled`): the seeds as blocks across all arms of a family, se from the pooled residual,
+  ν = (arms − 1)(seeds − 1) (:mod:`plelab.sweeps.blocked`);
+
+then CI = d̄ ± t_{1−α/2, ν}·se, a two-sided p, and TOST (Schuirmann 1987): equivalence within ±δ when both
+one-sided tests H0: d ≤ −δ and H0: d ≥ +δ are rejected, p_TOST = the larger one-sided p. A family's p-values
+are adjusted by Holm (1979), or — many arms against one baseline on the pooled error — by Dunnett's
+multivariate t; the equivalence p-values by Holm. The minimum detectable effect is exact: the smallest true
+difference the two-sided test at α/m (m comparisons: Holm's first threshold) detects with 80% power
+(noncentral t, :mod:`plelab.sweeps.power`). An inconclusive comparison says how many seeds would decide it.
 
 The 95% CI is per comparison; the TOST at α is equivalent to the 90% CI lying inside ±δ.
 
-Labels, with α after Holm correction and δ the declared smallest effect of interest:
+Labels, with α after the family's adjustment and δ the declared smallest effect of interest:
 
 - "diminishing returns": a step along the dP curve with a significant drop that is also
   equivalent within ±δ — real, but smaller than the effect the study said would matter
@@ -32,17 +34,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from plelab.sweeps.power import _scipy_stats, power_difference, seeds_to_decide
+
 DROP, RISE, EQUIVALENT, DIMINISHING, INCONCLUSIVE = (
     "significant drop", "significant rise", "equivalent within ±δ", "diminishing returns", "inconclusive")
 # DIMINISHING's names outside a step along the dP curve (e.g. a control against its arm)
 SMALL_DROP, SMALL_RISE = "real drop smaller than δ", "real rise smaller than δ"
-
-
-def _scipy_stats():
-    """``scipy.stats``, imported when a statistic is first computed."""
-    import scipy.stats  # heavy (about 1 s): every CLI start would pay it, and most verbs never compute one
-
-    return scipy.stats
 
 
 def t_quantile(q: float, df: float) -> float:
@@ -58,7 +55,7 @@ class Comparison:
     b: str
     n: int
     mean: float
-    sd: float
+    sd: float  # sd of a paired difference (the pair's own, or √(2σ̂²) of the pooled error)
     ci_low: float
     ci_high: float
     p: float
@@ -66,8 +63,15 @@ class Comparison:
     delta: float
     alpha: float
     mde: float
-    p_holm: float = math.nan
-    p_tost_holm: float = math.nan
+    se: float = math.nan
+    df: float = math.nan
+    method: str = "paired t"  # or "blocked (pooled error over k arms)"
+    adjustment: str = "Holm"  # how p_adj was adjusted in its family: Holm | Dunnett
+    p_adj: float = math.nan
+    p_tost_adj: float = math.nan
+    seeds_to_decide: dict | None = None  # {"difference": n detecting δ, "equivalence": n showing ±δ at Δ = 0}
+    error_arms: int = 2  # arms whose residuals make the error estimate (2: the pair itself)
+    m_family: int = 1  # comparisons in the family (the MDE's level is α/m)
     label: str = INCONCLUSIVE
     reason: str = ""
 
@@ -75,11 +79,47 @@ class Comparison:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
 
 
-def mde(sd: float, n: int, alpha: float = 0.05, power: float = 0.8, m: int = 1) -> float:
-    """Minimum detectable effect of a paired t-test with n pairs and spread sd, at α/m (two-sided)."""
-    if n < 2:
+def mde(sd: float, n: int, alpha: float = 0.05, power: float = 0.8, m: int = 1, df: float | None = None) -> float:
+    """The smallest true difference a two-sided t-test at α/m detects with ``power``: exact (noncentral t) for n
+    seeds, paired-difference spread ``sd`` and ``df`` error degrees of freedom (default n − 1)."""
+    nu = n - 1 if df is None else df
+    if n < 2 or nu < 1 or not (sd > 0):
         return math.nan
-    return (t_quantile(1 - alpha / (2 * m), n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
+    level = alpha / m
+    hi = sd
+    for _ in range(60):
+        reached = power_difference(hi, sd, n, level, nu)
+        if not math.isfinite(reached):  # the noncentral t's tail is not computable this far out (df = 1)
+            return math.nan
+        if reached >= power:
+            break
+        hi *= 2
+    from scipy import optimize  # scipy is a dependency; loaded with the first MDE
+
+    try:
+        return float(optimize.brentq(lambda e: power_difference(e, sd, n, level, nu) - power, 0.0, hi, xtol=1e-7))
+    except ValueError:  # a NaN inside the bracket (same cause)
+        return math.nan
+
+
+def from_estimate(a: str, b: str, n: int, mean: float, se: float, df: float, delta: float, alpha: float = 0.05,
+                  power: float = 0.8, m: int = 1, method: str = "paired t", error_arms: int = 2) -> Comparison:
+    """A comparison from an estimate ``mean`` (B − A), its ``se`` and the error's ``df`` (unadjusted p, TOST);
+    ``error_arms``: how many arms' residuals the error pools (2: the pair's own differences)."""
+    sd = se * math.sqrt(n)
+    detectable = mde(sd, n, alpha, power, m, df)
+    if se == 0.0:  # identical differences in every pair (e.g. two arms with the same config)
+        p = 0.0 if mean != 0 else 1.0
+        p_tost = 0.0 if abs(mean) < delta else 1.0
+        return Comparison(a, b, n, mean, sd, mean, mean, p, p_tost, delta, alpha, detectable, se, df, method,
+                          error_arms=error_arms)
+    st = _scipy_stats()
+    tq = t_quantile(1 - alpha / 2, df)
+    p = float(2 * st.t.sf(abs(mean / se), df))
+    p_lower = float(st.t.sf((mean + delta) / se, df))  # H0: d <= -delta
+    p_upper = float(st.t.cdf((mean - delta) / se, df))  # H0: d >= +delta
+    return Comparison(a, b, n, mean, sd, mean - tq * se, mean + tq * se, p, max(p_lower, p_upper), delta, alpha,
+                      detectable, se, df, method, error_arms=error_arms)
 
 
 def paired(a: str, b: str, diffs: list[float] | np.ndarray, delta: float, alpha: float = 0.05,
@@ -92,21 +132,15 @@ def paired(a: str, b: str, diffs: list[float] | np.ndarray, delta: float, alpha:
     if n < 2:
         return Comparison(a, b, n, mean, math.nan, math.nan, math.nan, math.nan, math.nan, delta, alpha, math.nan,
                           reason=f"{n} paired seed(s): no variance estimate, no test")
-    sd = float(d.std(ddof=1))
-    df = n - 1
-    se = sd / math.sqrt(n)
-    tq = t_quantile(1 - alpha / 2, df)
-    detectable = mde(sd, n, alpha, power, m)
-    if se == 0.0:  # identical differences in every pair (e.g. two arms with the same config)
-        p = 0.0 if mean != 0 else 1.0
-        p_tost = 0.0 if abs(mean) < delta else 1.0
-        return Comparison(a, b, n, mean, sd, mean, mean, p, p_tost, delta, alpha, detectable)
-    t = mean / se
-    p = float(2 * _scipy_stats().t.sf(abs(t), df))
-    p_lower = float(_scipy_stats().t.sf((mean + delta) / se, df))  # H0: d <= -delta
-    p_upper = float(_scipy_stats().t.cdf((mean - delta) / se, df))  # H0: d >= +delta
-    return Comparison(a, b, n, mean, sd, mean - tq * se, mean + tq * se, p, max(p_lower, p_upper), delta, alpha,
-                      detectable)
+    return from_estimate(a, b, n, mean, float(d.std(ddof=1)) / math.sqrt(n), n - 1, delta, alpha, power, m)
+
+
+def tost_p(c: Comparison, delta: float) -> float:
+    """The TOST p-value of ``c`` at another margin ``delta`` (for the δ-sensitivity table)."""
+    if not (c.se > 0):
+        return (0.0 if abs(c.mean) < delta else 1.0) if c.se == 0 else math.nan
+    st = _scipy_stats()
+    return float(max(st.t.sf((c.mean + delta) / c.se, c.df), st.t.cdf((c.mean - delta) / c.se, c.df)))
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -124,10 +158,11 @@ def holm(pvalues: list[float]) -> list[float]:
 def label(c: Comparison, steps: bool = True) -> tuple[str, str]:
     """The label of a Holm-corrected comparison and its reason in numbers. ``steps``: the comparison is a
     step along a dP curve (a significant drop within ±δ is then "diminishing returns")."""
-    if c.n < 2 or math.isnan(c.p_holm):
+    if c.n < 2 or math.isnan(c.p_adj):
         return INCONCLUSIVE, c.reason or "no test"
-    ci = f"Δ {c.mean:+.4f} [{c.ci_low:+.4f}, {c.ci_high:+.4f}], p_Holm {c.p_holm:.3g}, p_TOST,Holm {c.p_tost_holm:.3g}"
-    significant, equivalent = c.p_holm < c.alpha, c.p_tost_holm < c.alpha
+    ci = (f"Δ {c.mean:+.4f} [{c.ci_low:+.4f}, {c.ci_high:+.4f}], p_{c.adjustment} {c.p_adj:.3g}, "
+          f"p_TOST,Holm {c.p_tost_adj:.3g} ({c.method}, ν={c.df:g})")
+    significant, equivalent = c.p_adj < c.alpha, c.p_tost_adj < c.alpha
     if significant and equivalent:
         small = (DIMINISHING if steps else SMALL_DROP) if c.mean < 0 else SMALL_RISE
         return small, f"{ci}: a real change smaller than δ={c.delta}"
@@ -135,14 +170,30 @@ def label(c: Comparison, steps: bool = True) -> tuple[str, str]:
         return (DROP if c.mean < 0 else RISE), ci
     if equivalent:
         return EQUIVALENT, f"{ci}: within ±{c.delta} (a dead zone, measured)"
-    return INCONCLUSIVE, (f"{ci}: neither different nor shown equivalent with n={c.n} seeds "
-                          f"(minimum detectable effect {c.mde:.4f} nats at 80% power after Holm)")
+    need = c.seeds_to_decide or {}
+    decide = "; ".join(f"≈{n} seeds would {what}" for what, n in (
+        (f"detect a true Δ of δ={c.delta}", need.get("difference")),
+        (f"show equivalence within ±{c.delta} if the true Δ is 0", need.get("equivalence"))) if n)
+    return INCONCLUSIVE, (f"{ci}: neither different nor shown equivalent with n={c.n} seeds (minimum detectable "
+                          f"effect {c.mde:.4f} nats at 80% power, level α/{c.m_family})"
+                          + (f" — {decide}" if decide else ""))
 
 
-def family(comparisons: list[Comparison], steps: bool = True) -> list[Comparison]:
-    """Holm-correct a family of comparisons in place and label each."""
-    for c, p, pt in zip(comparisons, holm([c.p for c in comparisons]), holm([c.p_tost for c in comparisons])):
-        c.p_holm, c.p_tost_holm = p, pt
+def family(comparisons: list[Comparison], steps: bool = True, p_adj: list[float] | None = None,
+           adjustment: str = "Holm") -> list[Comparison]:
+    """Adjust a family of comparisons in place (Holm, or the given ``p_adj`` from another adjustment such as
+    Dunnett's; equivalence always by Holm), add the seeds that would decide each, and label each."""
+    p_adj = holm([c.p for c in comparisons]) if p_adj is None else p_adj
+    for c, p, pt in zip(comparisons, p_adj, holm([c.p_tost for c in comparisons])):
+        c.p_adj, c.p_tost_adj, c.adjustment = p, pt, adjustment
+        c.m_family = len(comparisons)
+        if c.n >= 2 and c.sd > 0:
+            per_seed = (c.error_arms - 1, -(c.error_arms - 1))  # ν = (k − 1)(n − 1) for k arms sharing the error
+            c.seeds_to_decide = {
+                "difference": seeds_to_decide("difference", c.sd, c.delta, c.alpha / len(comparisons),
+                                              df_per_seed=per_seed),
+                "equivalence": seeds_to_decide("tost", c.sd, c.delta, c.alpha / len(comparisons),
+                                               df_per_seed=per_seed)}
         c.label, c.reason = label(c, steps)
     return comparisons
 
@@ -158,3 +209,48 @@ def spearman(x: list[float], y: list[float]) -> tuple[float, float]:
         return math.nan, math.nan
     r = _scipy_stats().spearmanr(x, y)
     return float(r.statistic), float(r.pvalue)
+
+
+def noninferiority_p(c: Comparison, delta: float) -> float:
+    """One-sided p of H0: true B − A ≥ ``delta`` (B worse than A by δ or more): small p shows B within δ of A."""
+    if not (c.se > 0):
+        return (0.0 if c.mean < delta else 1.0) if c.se == 0 else math.nan
+    return float(_scipy_stats().t.cdf((c.mean - delta) / c.se, c.df))
+
+
+def labels_at(comparisons: list[Comparison], delta: float, steps: bool = True) -> list[str]:
+    """The labels a family would get with margin ``delta`` instead of its own (the δ-sensitivity table): the
+    difference test is unchanged, TOST is recomputed at ``delta`` and Holm-adjusted across the family."""
+    adjusted = holm([tost_p(c, delta) for c in comparisons])
+    out = []
+    for c, pt in zip(comparisons, adjusted):
+        other = Comparison(**{**asdict(c), "delta": delta, "p_tost_adj": pt, "seeds_to_decide": None})
+        out.append(label(other, steps)[0])
+    return out
+
+
+def within_group_spearman(groups: list[tuple[list[float], list[float]]], draws: int = 10_000,
+                          seed: int = 0) -> dict:
+    """Does x predict y *within* groups (arms)? The mean of the groups' Spearman ρ, and a permutation p-value that
+    shuffles y within each group (two-sided, ``draws`` seeded draws).
+
+    Pooling the runs of several arms into one correlation treats them as independent and lets the arms' own
+    differences (what the config alone predicts) pass for prediction; shuffling within arms keeps those fixed,
+    so only what x says about y beyond the arm counts. Groups with fewer than 3 runs or a constant x or y are
+    left out.
+    """
+    st = _scipy_stats()
+    kept = [(st.rankdata(x), st.rankdata(y)) for x, y in groups
+            if len(x) >= 3 and len(set(x)) > 1 and len(set(y)) > 1]
+    if not kept:
+        return {"rho": math.nan, "p": math.nan, "groups": 0, "runs": 0}
+
+    def rho(rx: np.ndarray, ry: np.ndarray) -> np.ndarray:  # rows of ry: draws
+        cx, cy = rx - rx.mean(), ry - ry.mean(-1, keepdims=True)
+        return (cy @ cx) / (np.sqrt((cx ** 2).sum()) * np.sqrt((cy ** 2).sum(-1)))
+
+    rng = np.random.default_rng(seed)
+    observed = float(np.mean([rho(rx, ry[None])[0] for rx, ry in kept]))
+    null = np.mean([rho(rx, rng.permuted(np.tile(ry, (draws, 1)), axis=1)) for rx, ry in kept], axis=0)
+    p = (1 + int((np.abs(null) >= abs(observed) - 1e-12).sum())) / (1 + draws)
+    return {"rho": observed, "p": float(p), "groups": len(kept), "runs": sum(len(rx) for rx, _ in kept)}
