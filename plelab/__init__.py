@@ -29,7 +29,7 @@ _EXPORTS: dict[str, str] = {
     "IIDTableIds": "plelab.model.ple", "token_table_ids": "plelab.model.ple",
     # what the CLI verbs do
     "train": "plelab.runs", "evaluate": "plelab.training.evaluate", "diagnose": "plelab.integrations.checkpoints",
-    "sweep": "plelab.sweeps.commands", "report": "plelab.reports",
+    "sweep": "plelab.sweeps.commands", "report": "plelab.reports", "plan": "plelab.sweeps.planning",
     # the trainer's seams, for your own kinds of run and observers
     "Trainer": "plelab.training.trainer", "TrainResult": "plelab.training.trainer", "Task": "plelab.training.task",
     "Observer": "plelab.training.task", "TextTask": "plelab.training.text_task",

@@ -354,6 +354,8 @@ CASES = {
     "diagnose-data-for-a-bare-table": (lambda w: ["diagnose", f"{w}/hf-table.safetensors", "--num-layers", "2", "--dp",
                                                   "4", "--data", f"{w}/words.txt", "--tokenizer",
                                                   f"{w}/tok-fits.json", "--no-progress"], "no readable config.json"),
+    "plan-not-a-sweep": (lambda w: ["plan", f"{w}/empty-dir"], "not a plelab sweep"),
+    "plan-negative-delta": (lambda w: ["plan", f"{w}/sweep", "--delta", "-0.1"], "--delta must be > 0"),
     # export and generate
     "generate-run-without-tokenizer": (
         lambda w: ["generate", str(_run_copy(w, "gnotok", lambda c: (c.parent.parent / "tokenizer.json").unlink())),

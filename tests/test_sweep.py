@@ -115,6 +115,25 @@ def test_sweep_results_report_and_advise(sweep_dir, capsys):
     assert "refusing to extrapolate" in err and "model.hidden_size" in err and err.count("\n") == 1
 
 
+def test_plan_sizes_a_confirmatory_sweep_on_fresh_seeds(sweep_dir, capsys):
+    from plelab.sweeps.planning import plan
+
+    p = plan(sweep_dir, delta=0.05)
+    spec_seeds = set(p["pilot_seeds"])
+    assert p["delta_origin"] == "given with --delta" and p["chosen_last_k"] in (1, 2, 3, 5)
+    assert {e["last_k"] for e in p["by_last_k"]} >= {1, 2, 3}
+    fam = next(e for e in p["by_last_k"] if e["last_k"] == p["chosen_last_k"])["families"]["consecutive"]
+    assert len(fam["comparisons"]) == 2 and all(r["sd"] > 0 for r in fam["comparisons"])
+    if p["seeds"]:
+        assert not spec_seeds & set(p["confirmatory_seeds"]) and len(p["confirmatory_seeds"]) == p["seeds"]
+        assert "--seed-list" in p["command"] and "--delta 0.05" in p["command"]
+    capsys.readouterr()
+    assert main(["plan", str(sweep_dir), "--delta", "0.05"]) == 0
+    assert "not fitted on the pilot" in capsys.readouterr().out
+    assert main(["plan", str(sweep_dir), "--power", "1.5"]) == 2
+    assert "--power must be between 0 and 1" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("google-chrome") is None,
                     reason="headless Chromium not installed (apt-get install chromium)")
 def test_report_renders_in_headless_chromium(sweep_dir, tmp_path):

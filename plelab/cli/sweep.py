@@ -1,4 +1,4 @@
-"""``plelab sweep``, ``plelab report``, ``plelab advise``, ``plelab demo``: the study engine's verbs."""
+"""The study engine's verbs: ``plelab sweep``, ``report``, ``advise``, ``plan``, ``demo``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from plelab.errors import ConfigError
 from plelab.reports import report
 from plelab.sweeps.advise import recommend
 from plelab.sweeps.commands import options_of, sweep
+from plelab.sweeps.planning import plan, plan_text
 
 
 def variant(text: str) -> tuple[str, list[str]]:
@@ -44,6 +45,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_advise(args: argparse.Namespace) -> int:
     print(recommend(args.sweep, dp=args.dp, preset=args.preset, overrides=args.overrides))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    print(plan_text(plan(args.pilot, delta=args.delta, target_power=args.power, out=args.out)))
     return 0
 
 
@@ -92,6 +98,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--preset", help="the configuration you want to use (default: the sweep's own)")
     add_set(p, "that configuration's fields")
     p.set_defaults(func=cmd_advise)
+
+    p = sub.add_parser("plan", help="seeds a confirmatory sweep needs, from a pilot sweep's noise (exact power)")
+    p.add_argument("pilot", help="a finished pilot sweep (its seeds are not reused)")
+    p.add_argument("--delta", type=float, help="the smallest effect of interest in nats (default: the pilot's δ)")
+    p.add_argument("--power", type=float, default=0.8, help="target power of each decision (default 0.8)")
+    p.add_argument("--out", help="the confirmatory sweep's folder, for the printed command (default PILOT-confirm)")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("demo", help="the seed's accounting + a paired multi-seed dP study with diagnostics and report")
     p.set_defaults(func=cmd_demo)

@@ -1,0 +1,110 @@
+"""``plelab plan PILOT``: size a confirmatory sweep by power, from a pilot sweep on other seeds.
+
+The pilot gives the noise, never the answer. It supplies the paired spread of each comparison (the blocked
+design's pooled error, or the pair's own spread where that design does not hold), measured for several ways
+of defining a run's loss — the mean of its last k evaluations, a variance reduction that costs nothing. δ is
+declared, by ``--delta`` or the pilot's own declared δ, and is never computed from the pilot's losses. For
+each comparison the plan gives the seeds at which the exact tests of :mod:`plelab.sweeps.power` reach the
+target power: to detect a true Δ of δ (at α/m, Holm's first threshold), and to show equivalence within ±δ if
+the true Δ is 0 (TOST at α/m). The confirmatory command uses seeds the pilot did not use, so the test seeds
+never see the δ or the k they are tested with chosen on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from plelab.errors import PlelabError
+from plelab.sweeps import blocked, power
+from plelab.sweeps.results import collect
+from plelab.sweeps.spec import sweep_command
+
+LAST_K = (1, 2, 3, 5)
+
+
+def _main_curve(spec) -> list[str]:
+    arms = sorted((a for a in spec.arms if a.family == "dP"), key=lambda a: a.x)
+    return [a.name for a in arms]
+
+
+def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.8, out: str | Path | None = None,
+         max_seeds: int = power.MAX_SEEDS) -> dict:
+    """The plan as a JSON-ready dict (see the module doc); ``out``: the confirmatory sweep's folder."""
+    res = collect(pilot, structure=False)
+    spec = res.spec
+    delta = spec.delta if delta is None else delta
+    if not delta > 0:
+        raise PlelabError(f"--delta must be > 0 (the smallest effect of interest in nats), got {delta}")
+    if not 0 < target_power < 1:
+        raise PlelabError(f"--power must be between 0 and 1, got {target_power}")
+    main = [a for a in _main_curve(spec) if a in res.runs]
+    if len(main) < 2:
+        raise PlelabError(f"{pilot} has fewer than two finished dP arms; finish the pilot (rerun its plelab sweep)")
+    if len(spec.seeds) < 2:
+        raise PlelabError(f"{pilot} ran {len(spec.seeds)} seed: a pilot needs at least 2 to measure the spread")
+    families = {"consecutive": list(zip(main, main[1:])), "vs_baseline": [(main[0], b) for b in main[1:]]}
+    by_k = []
+    evals = min(len(r.val_history) for by_seed in res.runs.values() for r in by_seed.values())
+    for k in [k for k in LAST_K if k <= evals]:
+        losses = {arm: {s: sum(v for _, v in r.val_history[-k:]) / k for s, r in by_seed.items()}
+                  for arm, by_seed in res.runs.items()}
+        entry: dict = {"last_k": k, "families": {}}
+        for name, pairs in families.items():
+            comps, how = blocked.analyse_family(losses, pairs, delta, spec.alpha, steps=name == "consecutive",
+                                                many_to_one=name == "vs_baseline")
+            m = max(1, len(comps))
+            rows = []
+            for c in comps:
+                per_seed = (c.error_arms - 1, -(c.error_arms - 1))
+                rows.append({"a": c.a, "b": c.b, "pilot_mean": c.mean, "sd": c.sd,
+                             "seeds_difference": power.seeds_to_decide("difference", c.sd, delta, spec.alpha / m,
+                                                                       target_power, df_per_seed=per_seed),
+                             "seeds_equivalence": power.seeds_to_decide("tost", c.sd, delta, spec.alpha / m,
+                                                                        target_power, df_per_seed=per_seed)})
+            entry["families"][name] = {"method": how["method"], "comparisons": rows}
+        sds = [r["sd"] for f in entry["families"].values() for r in f["comparisons"] if r["sd"] > 0]
+        entry["median_sd"] = sorted(sds)[len(sds) // 2] if sds else math.nan
+        by_k.append(entry)
+    best = min(by_k, key=lambda e: e["median_sd"] if math.isfinite(e["median_sd"]) else math.inf)
+    needs = [r[key] for f in best["families"].values() for r in f["comparisons"]
+             for key in ("seeds_difference", "seeds_equivalence")]
+    decided = [n for n in needs if n is not None]
+    n = min(max(decided), max_seeds) if decided else None
+    fresh = list(range(max(spec.seeds) + 1, max(spec.seeds) + 1 + n)) if n else []
+    command = None
+    if n:
+        confirm = dataclasses.replace(spec, seeds=fresh, delta=delta, last_k=best["last_k"])
+        command = sweep_command(confirm, Path(out) if out else Path(f"{Path(pilot)}-confirm"))
+    return {"pilot": str(pilot), "pilot_seeds": spec.seeds, "delta": delta,
+            "delta_origin": "given with --delta" if delta != spec.delta else "the pilot's declared δ",
+            "power": target_power, "alpha": spec.alpha, "by_last_k": by_k, "chosen_last_k": best["last_k"],
+            "seeds": n, "undecidable": len(needs) - len(decided), "confirmatory_seeds": fresh, "command": command}
+
+
+def plan_text(p: dict) -> str:
+    """The plan for the terminal."""
+    lines = [f"Pilot {p['pilot']} (seeds {p['pilot_seeds']}); δ = {p['delta']} nats ({p['delta_origin']}, not "
+             f"fitted on the pilot); power {p['power']:.0%} at α = {p['alpha']} per family."]
+    lines.append("Paired spread by how a run's loss is defined (median over comparisons):")
+    for e in p["by_last_k"]:
+        mark = "  ← chosen" if e["last_k"] == p["chosen_last_k"] else ""
+        lines.append(f"  mean of the last {e['last_k']} evaluation(s): sd {e['median_sd']:.4f} nats{mark}")
+    chosen = next(e for e in p["by_last_k"] if e["last_k"] == p["chosen_last_k"])
+    for name, fam in chosen["families"].items():
+        lines.append(f"{name.replace('_', ' ')} ({fam['method']}): seeds to detect a true Δ of δ / to show ±δ if "
+                     "the true Δ is 0")
+        for r in fam["comparisons"]:
+            lines.append(f"  {r['b']} − {r['a']}: sd {r['sd']:.4f}, pilot Δ {r['pilot_mean']:+.4f} (not a test) → "
+                         f"{r['seeds_difference'] or '>1000'} / {r['seeds_equivalence'] or '>1000'}")
+    if p["seeds"]:
+        lines.append(f"A confirmatory sweep deciding every comparison above needs {p['seeds']} seeds per arm, on "
+                     f"seeds the pilot did not use:")
+        lines.append(f"  {p['command']}")
+    else:
+        lines.append("No comparison can be decided with 1000 seeds or fewer at this δ: declare a larger δ, or reduce "
+                     "the noise (more validation windows, longer runs).")
+    if p["undecidable"]:
+        lines.append(f"{p['undecidable']} of the decisions need more than 1000 seeds and are left out of that count.")
+    return "\n".join(lines)
