@@ -115,6 +115,16 @@ def test_sweep_results_report_and_advise(sweep_dir, capsys):
     assert "refusing to extrapolate" in err and "model.hidden_size" in err and err.count("\n") == 1
 
 
+def test_the_real_sweeps_findings_map_to_their_sources(sweep_dir):
+    from test_sweep_stats import check_findings_map_to_their_sources
+
+    from plelab.sweeps.analysis import analyse
+    from plelab.sweeps.results import collect, regime
+
+    res = collect(sweep_dir)
+    assert check_findings_map_to_their_sources(res, analyse(res), regime(res)) >= 5
+
+
 def test_plan_sizes_a_confirmatory_sweep_on_fresh_seeds(sweep_dir, capsys):
     from plelab.sweeps.planning import plan
 

@@ -143,3 +143,38 @@ def test_advise_never_reads_low_power_as_no_difference(tmp_path, monkeypatch):
     text = advise_text(res)
     assert "Recommendation: dP = 8." in text and "within δ" in text
 
+
+
+def check_findings_map_to_their_sources(res, analysis, reg) -> int:
+    """Every finding names the analysis entries it came from, and quotes their numbers."""
+    from plelab.reports.sweep_findings import findings
+
+    out = findings(res, analysis, reg)
+    for f in out:
+        assert f.sources, f"finding without a source: {f}"
+        for src in f.sources:
+            if src[0] in ("consecutive", "vs_baseline"):
+                row = next(c for c in analysis[src[0]] if (c["a"], c["b"]) == src[1:])
+                if row["ci_low"] is not None and "Δ" in f:
+                    assert f"{row['mean']:+.4f}" in f, (f, row["mean"])
+                assert row["label"] in f or "dead zone" in f.lower() or "inconclusive" in f, (f, row["label"])
+            elif src[0] == "regime":
+                assert src[1] in reg
+            elif src[0] == "confounds":
+                assert analysis["confounds"][src[1]] == f
+            else:
+                assert src[1] in analysis[src[0]], src
+    return len(out)
+
+
+def test_every_finding_maps_to_the_row_and_test_it_comes_from():
+    from plelab.sweeps.results import regime
+
+    rng = np.random.default_rng(10)
+    base = 5.0 + rng.normal(0, 0.05, 6)
+    dp8 = base - 0.001 + rng.normal(0, 0.002, 6)
+    dp16 = dp8 - 0.08 + rng.normal(0, 0.004, 6)
+    res = _synthetic({"dp0": base, "dp8": dp8, "dp16": dp16, "dp16-matched": dp8 + rng.normal(0, 0.002, 6)},
+                     controls=["matched"])
+    analysis = analyse(res)
+    assert check_findings_map_to_their_sources(res, analysis, regime(res)) >= 5

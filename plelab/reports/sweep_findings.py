@@ -1,5 +1,10 @@
 """The report's findings in plain language, every claim with its numbers — including when the
-honest answer is "inconclusive" and how many seeds would settle it."""
+honest answer is "inconclusive" and how many seeds would settle it.
+
+Every finding is a :class:`Finding`: its text and the analysis entries it was generated from (a comparison
+row of a family, the regime, the early-verdict check, a confound check), so a test can map each sentence back to
+the row and the test that produced it (``tests/test_sweep_stats.py``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,23 @@ from plelab.sweeps import stats
 from plelab.sweeps.power import seeds_to_decide
 from plelab.sweeps.results import SweepResults
 from plelab.sweeps.spec import sweep_command
+
+
+class Finding(str):
+    """A finding's text (it is a ``str``) with ``sources``: ``(family, a, b)`` for a comparison row of
+    ``analysis[family]``, or ``(section, key)`` for ``analysis[section][key]`` / the regime / the spec."""
+
+    sources: tuple
+
+    def __new__(cls, text: str, *sources: tuple) -> Finding:
+        obj = super().__new__(cls, text)
+        obj.sources = sources
+        return obj
+
+
+def _rows(family: str, comps: list[dict]) -> list[tuple]:
+    return [(family, c["a"], c["b"]) for c in comps]
+
 
 SEED_FIRST_STEP = "dP 64→128 (+8.98% → +17.96% of base parameters), loss 2.149 → 2.149"
 
@@ -33,27 +55,31 @@ def _step(c: dict, spec) -> str:
             f"p_{c['adjustment']} {c['p_adj']:.3g}, p_TOST,Holm {c['p_tost_adj']:.3g})")
 
 
-def findings(res: SweepResults, analysis: dict, reg: dict) -> list[str]:
+def findings(res: SweepResults, analysis: dict, reg: dict) -> list[Finding]:
     spec = res.spec
     out = []
     cons = analysis["consecutive"]
     if cons:
-        out.append("Main curve, consecutive steps: " + "; ".join(_step(c, spec) for c in cons) + ".")
+        out.append(Finding("Main curve, consecutive steps: " + "; ".join(_step(c, spec) for c in cons) + ".",
+                           *_rows("consecutive", cons)))
     vs = [c for c in analysis["vs_baseline"] if c["ci_low"] is not None]
     if vs:
         best = min(vs, key=lambda c: c["mean"])
         if best["mean"] < 0:
-            out.append(f"Largest mean gain vs baseline: {best['b']} {best['mean']:+.4f} nats "
-                       f"[{best['ci_low']:+.4f}, {best['ci_high']:+.4f}], labelled '{best['label']}'.")
+            out.append(Finding(f"Largest mean gain vs baseline: {best['b']} {best['mean']:+.4f} nats "
+                               f"[{best['ci_low']:+.4f}, {best['ci_high']:+.4f}], labelled '{best['label']}'.",
+                               ("vs_baseline", best["a"], best["b"])))
         else:
-            out.append(f"No dP lowered the mean loss below the baseline (smallest Δ: {best['b']} {best['mean']:+.4f}).")
+            out.append(Finding(f"No dP lowered the mean loss below the baseline (smallest Δ: {best['b']} "
+                               f"{best['mean']:+.4f}, '{best['label']}').", ("vs_baseline", best["a"], best["b"])))
     dead = [c for c in cons if c["label"] == stats.EQUIVALENT]
     if dead:
-        out.append("Dead zone measured: " + "; ".join(_step(c, spec) for c in dead)
-                   + f" — the loss change is shown to lie within ±{spec.delta} nats.")
+        out.append(Finding("Dead zone measured: " + "; ".join(_step(c, spec) for c in dead)
+                           + f" — the loss change is shown to lie within ±{spec.delta} nats.",
+                           *_rows("consecutive", dead)))
     else:
-        out.append(f"No dead zone is established: no consecutive step is shown equivalent within ±{spec.delta} nats "
-                   "(an unchanged mean is not evidence of no effect).")
+        out.append(Finding(f"No dead zone is established: no consecutive step is shown equivalent within ±{spec.delta} "
+                           "nats (an unchanged mean is not evidence of no effect).", *_rows("consecutive", cons)))
     unclear = [c for c in cons if c["label"] == stats.INCONCLUSIVE]
     if unclear:
         mdes = [c["mde"] for c in unclear if c["mde"] is not None]
@@ -67,18 +93,19 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[str]:
         if need:
             msg += (f"; about {need} seeds per arm would detect a true step of δ={spec.delta} at the spread measured "
                     f"here (grow this sweep: `{sweep_command(spec, res.root, seeds=need)}`)")
-        out.append(msg + ".")
+        out.append(Finding(msg + ".", *_rows("consecutive", unclear)))
     positive = sorted({int(a.x) for a in spec.arms if a.family == "dP" and a.x > 0})
     first = next((c for c in cons if c["a"] == spec.at("dP", positive[0])), None) if len(positive) > 1 else None
     if first is not None:
-        out.append(f"The seed's dead zone was its first step, {SEED_FIRST_STEP}. The analogous step here (between the "
-                   f"two smallest dP > 0), "
-                   f"{_step(first, spec)}, does {'' if first['label'] == stats.EQUIVALENT else 'not '}reproduce it "
-                   "as a measured equivalence.")
-    out.append(f"Regime: {reg['tokens_per_row']:,.0f} training tokens per table row here vs ≈"
-               f"{reg['seed_tokens_per_row']:,.0f} in the seed, and {reg['base_params'] / 1e6:.2f}M vs 2,458M base "
-               "parameters; a result here is evidence about this regime, not a reproduction of the seed's phenomenon.")
-    out += analysis["confounds"]
+        out.append(Finding(f"The seed's dead zone was its first step, {SEED_FIRST_STEP}. The analogous step here "
+                           f"(between the two smallest dP > 0), {_step(first, spec)}, does "
+                           f"{'' if first['label'] == stats.EQUIVALENT else 'not '}reproduce it as a measured "
+                           "equivalence.", ("consecutive", first["a"], first["b"])))
+    out.append(Finding(f"Regime: {reg['tokens_per_row']:,.0f} training tokens per table row here vs ≈"
+                       f"{reg['seed_tokens_per_row']:,.0f} in the seed, and {reg['base_params'] / 1e6:.2f}M vs 2,458M "
+                       "base parameters; a result here is evidence about this regime, not a reproduction of the seed's "
+                       "phenomenon.", ("regime", "tokens_per_row"), ("regime", "base_params")))
+    out += [Finding(note, ("confounds", i)) for i, note in enumerate(analysis["confounds"])]
     ev = analysis["early_vs_final"]
     if ev.get("rows"):
         step = ev["rows"][0]["early_step"]
@@ -92,13 +119,18 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[str]:
                      f"= {w['rho']:+.2f}, permutation p {w['p']:.3g} over {w['groups']} arms × {w['runs']} runs")
         else:
             line += "; too few runs per arm (≥ 3 needed) to test prediction within arms"
-        out.append(line + " (learned tables only; runs of different arms are not pooled into one correlation, "
-                          "since the arm alone predicts much of the final ΔLoss).")
+        out.append(Finding(line + " (learned tables only; runs of different arms are not pooled into one "
+                                  "correlation, since the arm alone predicts much of the final ΔLoss).",
+                           ("early_vs_final", "used"), ("early_vs_final", "unused"),
+                           ("early_vs_final", "within_arm_use_delta")))
         wz = ev["within_arm_use_vs_zero"]
         if math.isfinite(wz["rho"]):
-            out.append(f"Against the table's own share (each run vs the zeroed table at its dP and seed), within arms: "
-                       f"mean ρ = {wz['rho']:+.2f}, permutation p {wz['p']:.3g} ({wz['runs']} runs).")
+            out.append(Finding(f"Against the table's own share (each run vs the zeroed table at its dP and seed), "
+                               f"within arms: mean ρ = {wz['rho']:+.2f}, permutation p {wz['p']:.3g} "
+                               f"({wz['runs']} runs).",
+                               ("early_vs_final", "within_arm_use_vs_zero")))
         if nu["gain_ge_delta"]:
-            out.append(f"{nu['gain_ge_delta']} run(s) judged UNUSED early still ended ≥ δ below the baseline: part of "
-                       "the gain vs baseline does not go through the table (the zero-table control measures it).")
+            out.append(Finding(f"{nu['gain_ge_delta']} run(s) judged UNUSED early still ended ≥ δ below the baseline: "
+                               "part of the gain vs baseline does not go through the table (the zero-table control "
+                               "measures it).", ("early_vs_final", "unused")))
     return out
