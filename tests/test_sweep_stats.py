@@ -178,3 +178,23 @@ def test_every_finding_maps_to_the_row_and_test_it_comes_from():
                      controls=["matched"])
     analysis = analyse(res)
     assert check_findings_map_to_their_sources(res, analysis, regime(res)) >= 5
+
+
+def test_early_verdict_check_is_within_arms_not_pooled():
+    # the arm decides both the early metric and the final gain; within an arm the early metric is noise:
+    # pooled, the runs correlate strongly; within arms, nothing is left to predict
+    rng = np.random.default_rng(11)
+    groups, xs, ys = [], [], []
+    for arm_effect in (0.0, 0.05, 0.1, 0.15, 0.2, 0.25):
+        x = arm_effect + rng.normal(0, 0.01, 3)
+        y = 2 * arm_effect + rng.normal(0, 0.01, 3)
+        groups.append((list(x), list(y)))
+        xs += list(x)
+        ys += list(y)
+    rho_pooled, p_pooled = stats.spearman(xs, ys)
+    within = stats.within_group_spearman(groups)
+    assert rho_pooled > 0.9 and p_pooled < 1e-4
+    assert within["p"] > 0.05 and len(within["leave_one_out"]) == 6
+    predictive = [(list(x), list(x + rng.normal(0, 0.001, 3))) for x, _ in groups]  # x predicts y within arms
+    strong = stats.within_group_spearman(predictive)
+    assert strong["rho"] > 0.8 and strong["p"] < 0.01

@@ -116,7 +116,9 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[Finding]:
         w = ev["within_arm_use_delta"]
         if math.isfinite(w["rho"]):
             line += (f"; within arms (the arm's own effect held fixed), mean Spearman ρ(early permute Δ, final gain) "
-                     f"= {w['rho']:+.2f}, permutation p {w['p']:.3g} over {w['groups']} arms × {w['runs']} runs")
+                     f"= {w['rho']:+.2f}, permutation p {w['p']:.3g} over {w['groups']} arms × {w['runs']} runs"
+                     + (f", {min(w['leave_one_out']):+.2f} to {max(w['leave_one_out']):+.2f} with one arm left out"
+                        if w.get("leave_one_out") else ""))
         else:
             line += "; too few runs per arm (≥ 3 needed) to test prediction within arms"
         out.append(Finding(line + " (learned tables only; runs of different arms are not pooled into one "

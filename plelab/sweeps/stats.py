@@ -237,20 +237,24 @@ def within_group_spearman(groups: list[tuple[list[float], list[float]]], draws: 
     Pooling the runs of several arms into one correlation treats them as independent and lets the arms' own
     differences (what the config alone predicts) pass for prediction; shuffling within arms keeps those fixed,
     so only what x says about y beyond the arm counts. Groups with fewer than 3 runs or a constant x or y are
-    left out.
+    left out. ``leave_one_out``: the mean ρ with each group left out in turn (how much it rests on one arm).
     """
     st = _scipy_stats()
     kept = [(st.rankdata(x), st.rankdata(y)) for x, y in groups
             if len(x) >= 3 and len(set(x)) > 1 and len(set(y)) > 1]
     if not kept:
-        return {"rho": math.nan, "p": math.nan, "groups": 0, "runs": 0}
+        return {"rho": math.nan, "p": math.nan, "groups": 0, "runs": 0, "per_group": [], "leave_one_out": []}
 
     def rho(rx: np.ndarray, ry: np.ndarray) -> np.ndarray:  # rows of ry: draws
         cx, cy = rx - rx.mean(), ry - ry.mean(-1, keepdims=True)
         return (cy @ cx) / (np.sqrt((cx ** 2).sum()) * np.sqrt((cy ** 2).sum(-1)))
 
     rng = np.random.default_rng(seed)
-    observed = float(np.mean([rho(rx, ry[None])[0] for rx, ry in kept]))
+    per_group = [float(rho(rx, ry[None])[0]) for rx, ry in kept]
+    observed = float(np.mean(per_group))
     null = np.mean([rho(rx, rng.permuted(np.tile(ry, (draws, 1)), axis=1)) for rx, ry in kept], axis=0)
     p = (1 + int((np.abs(null) >= abs(observed) - 1e-12).sum())) / (1 + draws)
-    return {"rho": observed, "p": float(p), "groups": len(kept), "runs": sum(len(rx) for rx, _ in kept)}
+    # leave one group out: how much the mean rests on a single arm
+    loo = [float(np.mean(per_group[:i] + per_group[i + 1:])) for i in range(len(per_group))] if len(kept) > 1 else []
+    return {"rho": observed, "p": float(p), "groups": len(kept), "runs": sum(len(rx) for rx, _ in kept),
+            "per_group": per_group, "leave_one_out": loo}

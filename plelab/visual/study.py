@@ -20,7 +20,7 @@ import numpy as np
 
 from plelab.config.schema import QUANTIZER_IDS
 from plelab.diagnostics.verdict import structure_verdict
-from plelab.sweeps import stats
+from plelab.sweeps import blocked, stats
 from plelab.sweeps.analysis import verdict_counts
 from plelab.sweeps.results import SweepResults, checkpoint_path
 from plelab.sweeps.runner import RunJob
@@ -141,15 +141,15 @@ def _metric(run, metric: str) -> float:
 
 
 def paired_family(res: SweepResults, pairs: list[tuple[str, str]], metric: str) -> list[stats.Comparison]:
-    """``b − a`` on ``metric`` (``caption`` = the run's loss, or a summary key) for each pair, paired by
-    seed, as one Holm family (pairs without a common seed are left out)."""
-    comps = []
-    for a, b in pairs:
-        seeds = res.seeds_of(a, b)
-        if seeds:
-            diffs = [_metric(res.runs[b][s], metric) - _metric(res.runs[a][s], metric) for s in seeds]
-            comps.append(stats.paired(a, b, diffs, res.spec.delta, res.spec.alpha, m=len(pairs)))
-    return stats.family(comps, steps=False)
+    """``b − a`` on ``metric`` (``caption`` = the run's loss, or a summary key) for each pair, paired by seed, as one
+    family (:func:`plelab.sweeps.blocked.analyse_family`: seeds as blocks with a pooled error where the design holds,
+    Dunnett when every pair shares its ``a``, else Holm; pairs without a common seed are left out)."""
+    values = {arm: {s: v for s, r in by_seed.items() if math.isfinite(v := _metric(r, metric))}
+              for arm, by_seed in res.runs.items()}
+    many_to_one = len(pairs) > 1 and len({a for a, _ in pairs}) == 1
+    comps, _ = blocked.analyse_family(values, pairs, res.spec.delta, res.spec.alpha, steps=False,
+                                      many_to_one=many_to_one)
+    return comps
 
 
 def _paired(res: SweepResults, metric: str) -> list[stats.Comparison]:
