@@ -356,6 +356,7 @@ CASES = {
                                                   f"{w}/tok-fits.json", "--no-progress"], "no readable config.json"),
     "plan-not-a-sweep": (lambda w: ["plan", f"{w}/empty-dir"], "not a plelab sweep"),
     "plan-negative-delta": (lambda w: ["plan", f"{w}/sweep", "--delta", "-0.1"], "--delta must be > 0"),
+    "plan-zero-eval-windows": (lambda w: ["plan", f"{w}/sweep", "--eval-windows", "0"], "--eval-windows must be >= 1"),
     # export and generate
     "generate-run-without-tokenizer": (
         lambda w: ["generate", str(_run_copy(w, "gnotok", lambda c: (c.parent.parent / "tokenizer.json").unlink())),

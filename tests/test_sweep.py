@@ -128,8 +128,11 @@ def test_the_real_sweeps_findings_map_to_their_sources(sweep_dir):
 def test_plan_sizes_a_confirmatory_sweep_on_fresh_seeds(sweep_dir, capsys):
     from plelab.sweeps.planning import plan
 
-    p = plan(sweep_dir, delta=0.05)
+    p = plan(sweep_dir, delta=0.05, eval_windows=4)
     spec_seeds = set(p["pilot_seeds"])
+    assert [r["fraction"] for r in p["noise"]["by_run_length"]] == [0.25, 0.5, 0.75, 1.0]
+    assert [r["windows"] for r in p["noise"]["by_eval_windows"]][1] == 4
+    assert all(r["median_sd"] > 0 for r in p["noise"]["by_eval_windows"] + p["noise"]["by_run_length"])
     assert p["delta_origin"] == "given with --delta" and p["chosen_last_k"] in (1, 2, 3, 5)
     assert {e["last_k"] for e in p["by_last_k"]} >= {1, 2, 3}
     fam = next(e for e in p["by_last_k"] if e["last_k"] == p["chosen_last_k"])["families"]["consecutive"]

@@ -49,7 +49,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    print(plan_text(plan(args.pilot, delta=args.delta, target_power=args.power, out=args.out)))
+    print(plan_text(plan(args.pilot, delta=args.delta, target_power=args.power, out=args.out,
+                         eval_windows=args.eval_windows)))
     return 0
 
 
@@ -104,6 +105,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--delta", type=float, help="the smallest effect of interest in nats (default: the pilot's δ)")
     p.add_argument("--power", type=float, default=0.8, help="target power of each decision (default 0.8)")
     p.add_argument("--out", help="the confirmatory sweep's folder, for the printed command (default PILOT-confirm)")
+    p.add_argument("--eval-windows", type=int,
+                   help="also measure the spread with this many validation windows (re-evaluates every run)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("demo", help="the seed's accounting + a paired multi-seed dP study with diagnostics and report")

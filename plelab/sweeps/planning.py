@@ -2,7 +2,9 @@
 
 The pilot gives the noise, never the answer. It supplies the paired spread of each comparison (the blocked
 design's pooled error, or the pair's own spread where that design does not hold), measured for several ways
-of defining a run's loss — the mean of its last k evaluations, a variance reduction that costs nothing. δ is
+of defining a run's loss — the mean of its last k evaluations, a variance reduction that costs nothing — and,
+to show where the noise comes from, by run length (the evaluations along the runs) and by validation tokens
+(``eval_windows``: final checkpoints re-evaluated). δ is
 declared, by ``--delta`` or the pilot's own declared δ, and is never computed from the pilot's losses. For
 each comparison the plan gives the seeds at which the exact tests of :mod:`plelab.sweeps.power` reach the
 target power: to detect a true Δ of δ (at α/m, Holm's first threshold), and to show equivalence within ±δ if
@@ -20,8 +22,10 @@ from plelab.errors import PlelabError
 from plelab.sweeps import blocked, power
 from plelab.sweeps.results import collect
 from plelab.sweeps.spec import sweep_command
+from plelab.training.evaluate import evaluate
 
 LAST_K = (1, 2, 3, 5)
+RUN_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
 
 def _main_curve(spec) -> list[str]:
@@ -29,9 +33,52 @@ def _main_curve(spec) -> list[str]:
     return [a.name for a in arms]
 
 
+def _median_sd(losses: dict, families: dict, delta: float, alpha: float) -> float:
+    sds = [c.sd for name, pairs in families.items()
+           for c in blocked.analyse_family(losses, pairs, delta, alpha, many_to_one=name == "vs_baseline")[0]
+           if c.sd > 0]
+    return sorted(sds)[len(sds) // 2] if sds else math.nan
+
+
+def _at_fraction(history: list[tuple[int, float]], step: float) -> float:
+    """The evaluation at the last step ≤ ``step`` (the first evaluation if none is that early)."""
+    before = [v for s, v in history if s <= step]
+    return before[-1] if before else history[0][1]
+
+
+def noise_sources(res, families: dict, delta: float, eval_windows: int | None = None,
+                  progress: bool = False) -> dict:
+    """How the paired spread changes with run length (the evaluations at ¼, ½, ¾ and all of the steps, from the
+    runs' histories) and, with ``eval_windows``, with more validation tokens (every run's final checkpoint
+    re-evaluated on its own windows and on ``eval_windows``)."""
+    alpha = res.spec.alpha
+    last = max(s for by_seed in res.runs.values() for r in by_seed.values() for s, _ in r.val_history)
+    out: dict = {"by_run_length": [
+        {"fraction": f, "median_sd": _median_sd(
+            {arm: {s: _at_fraction(r.val_history, f * last) for s, r in by_seed.items()}
+             for arm, by_seed in res.runs.items()}, families, delta, alpha)} for f in RUN_FRACTIONS]}
+    if eval_windows:
+        arms = sorted({a for pairs in families.values() for pair in pairs for a in pair})
+        rows = []
+        for windows in (None, eval_windows):
+            losses, used = {}, None
+            for arm in arms:
+                for seed in res.runs.get(arm, {}):
+                    got = evaluate(res.root / "runs" / arm / f"seed-{seed}", device="cpu", windows=windows,
+                                   progress=progress)
+                    losses.setdefault(arm, {})[seed] = got["val_loss"]
+                    used = got["windows"]
+            rows.append({"windows": used, "median_sd": _median_sd(losses, families, delta, alpha)})
+        out["by_eval_windows"] = rows
+    return out
+
+
 def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.8, out: str | Path | None = None,
-         max_seeds: int = power.MAX_SEEDS) -> dict:
-    """The plan as a JSON-ready dict (see the module doc); ``out``: the confirmatory sweep's folder."""
+         max_seeds: int = power.MAX_SEEDS, eval_windows: int | None = None) -> dict:
+    """The plan as a JSON-ready dict (see the module doc); ``out``: the confirmatory sweep's folder;
+    ``eval_windows``: also measure the spread with that many validation windows (re-evaluates every run)."""
+    if eval_windows is not None and eval_windows < 1:
+        raise PlelabError(f"--eval-windows must be >= 1, got {eval_windows}")
     res = collect(pilot, structure=False)
     spec = res.spec
     delta = spec.delta if delta is None else delta
@@ -77,7 +124,8 @@ def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.
     if n:
         confirm = dataclasses.replace(spec, seeds=fresh, delta=delta, last_k=best["last_k"])
         command = sweep_command(confirm, Path(out) if out else Path(f"{Path(pilot)}-confirm"))
-    return {"pilot": str(pilot), "pilot_seeds": spec.seeds, "delta": delta,
+    noise = noise_sources(res, families, delta, eval_windows)
+    return {"pilot": str(pilot), "pilot_seeds": spec.seeds, "delta": delta, "noise": noise,
             "delta_origin": "given with --delta" if delta != spec.delta else "the pilot's declared δ",
             "power": target_power, "alpha": spec.alpha, "by_last_k": by_k, "chosen_last_k": best["last_k"],
             "seeds": n, "undecidable": len(needs) - len(decided), "confirmatory_seeds": fresh, "command": command}
@@ -91,6 +139,11 @@ def plan_text(p: dict) -> str:
     for e in p["by_last_k"]:
         mark = "  ← chosen" if e["last_k"] == p["chosen_last_k"] else ""
         lines.append(f"  mean of the last {e['last_k']} evaluation(s): sd {e['median_sd']:.4f} nats{mark}")
+    lines.append("… by run length (the evaluation at that fraction of the steps; a longer run is a new sweep):")
+    lines += [f"  {r['fraction']:.0%} of the steps: sd {r['median_sd']:.4f} nats" for r in p["noise"]["by_run_length"]]
+    if "by_eval_windows" in p["noise"]:
+        lines.append("… by validation tokens (final checkpoints re-evaluated):")
+        lines += [f"  {r['windows']} windows: sd {r['median_sd']:.4f} nats" for r in p["noise"]["by_eval_windows"]]
     chosen = next(e for e in p["by_last_k"] if e["last_k"] == p["chosen_last_k"])
     for name, fam in chosen["families"].items():
         lines.append(f"{name.replace('_', ' ')} ({fam['method']}): seeds to detect a true Δ of δ / to show ±δ if "
