@@ -11,7 +11,7 @@ from pathlib import Path
 
 from plelab.diagnostics.verdict import LEARNED, NOT_DIST, UNUSED, USED
 from plelab.io import atomic_write, write_json
-from plelab.reports.sweep import to_html, to_markdown
+from plelab.reports.sweep import delta_origin, to_html, to_markdown
 from plelab.reports.tables import ci_cell, csv_text, fmt
 from plelab.sweeps import stats
 from plelab.sweeps.results import collect
@@ -195,8 +195,9 @@ def write_visual_report(root: str | Path) -> list[Path]:
                     f"{t['steps']} steps × {t['batch_size']} captions, seeds {spec.seeds}; {loss}. "
                     f"{'Continuous patch features withheld in every arm. ' if not v['features'] else ''}Every arm "
                     "of a seed "
-                    "shares data, encoder, initial LM and batch order: differences are paired. δ = "
-                    f"{spec.delta} nats; labels after Holm over the methods."),
+                    "shares data, encoder, initial LM and batch order: differences are paired, the seeds are blocks. "
+                    f"δ = {spec.delta} nats ({delta_origin(spec)}); labels family-adjusted: Dunnett against the "
+                    "baseline on the blocked design's pooled error where it holds, else Holm over paired t."),
               ("h2", "Results"), ("table", *visual_table(analysis)),
               ("p", "NMI is computed on held-out patches against the generator's labels (colour × shape × size); "
                     "ID flips: for quantizers, a fixed probe set's flip rate between evaluations; for the others, "
