@@ -17,9 +17,9 @@ def _analysis(label: str, visual_verdicts: list[list[str]], ci=(-0.05, 0.02)) ->
 
 def test_a_significant_rise_is_not_called_an_improvement():
     text = " ".join(findings(_analysis(stats.RISE, [["LEARNED", "USED"]] * 3)))
-    assert "improves significantly (after Holm) for none of them" in text
+    assert "improves significantly (family-adjusted) for none of them" in text
     text = " ".join(findings(_analysis(stats.DROP, [["LEARNED", "USED"]] * 3)))
-    assert "improves significantly (after Holm) for dct-kmeans" in text
+    assert "improves significantly (family-adjusted) for dct-kmeans" in text
 
 
 def test_reliance_sentence_needs_every_seed_used():

@@ -224,10 +224,7 @@ def analyse(res: SweepResults) -> dict:
     for name, comps, steps in (("vs_baseline", [vs_base[a] for a in main[1:] if a in vs_base], False),
                                ("consecutive", consecutive, True)):
         if comps:
-            margins = (spec.delta / 2, spec.delta, 2 * spec.delta)
-            labels = [stats.labels_at(comps, d, steps) for d in margins]
-            sensitivity[name] = [{"a": c.a, "b": c.b, "labels": {f"{d:g}": ls[i] for d, ls in zip(margins, labels)}}
-                                 for i, c in enumerate(comps)]
+            sensitivity[name] = stats.sensitivity(comps, spec.delta, steps)
     return {
         "rows": rows,
         "vs_baseline": [vs_base[a].to_dict() for a in main[1:] if a in vs_base],

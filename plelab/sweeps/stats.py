@@ -211,6 +211,14 @@ def spearman(x: list[float], y: list[float]) -> tuple[float, float]:
     return float(r.statistic), float(r.pvalue)
 
 
+def sensitivity(comparisons: list[Comparison], delta: float, steps: bool = True) -> list[dict]:
+    """Each comparison's labels at ½δ, δ and 2δ: ``[{"a", "b", "labels": {"0.01": label, ...}}]``."""
+    margins = (delta / 2, delta, 2 * delta)
+    labels = [labels_at(comparisons, d, steps) for d in margins]
+    return [{"a": c.a, "b": c.b, "labels": {f"{d:g}": ls[i] for d, ls in zip(margins, labels)}}
+            for i, c in enumerate(comparisons)]
+
+
 def noninferiority_p(c: Comparison, delta: float) -> float:
     """One-sided p of H0: true B − A ≥ ``delta`` (B worse than A by δ or more): small p shows B within δ of A."""
     if not (c.se > 0):

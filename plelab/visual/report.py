@@ -1,6 +1,6 @@
 """The visual study's report (``SWEEP/report/``): the seed-style table — method, ID semantics (NMI),
 ID utilisation and perplexity, caption loss and content-word loss against the no-table baseline
-with paired CIs, Holm and the equivalence test — plus template-word loss and the loss with the image
+with paired CIs, family-adjusted tests and the equivalence test — plus template-word loss and the loss with the image
 removed, ID stability, and each method's visual table diagnosed next to its text table (both verdict
 axes), as Markdown, self-contained HTML, CSV and JSON, with figures."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from plelab.diagnostics.verdict import LEARNED, NOT_DIST, UNUSED, USED
 from plelab.io import atomic_write, write_json
-from plelab.reports.sweep import delta_origin, to_html, to_markdown
+from plelab.reports.sweep import delta_origin, sensitivity_table, to_html, to_markdown
 from plelab.reports.tables import ci_cell, csv_text, fmt
 from plelab.sweeps import stats
 from plelab.sweeps.results import collect
@@ -169,7 +169,7 @@ def findings(analysis: dict, regime: str = "", features: bool = True) -> list[st
                    f"{outcome} here for the dead-table part: over the real "
                    f"tokenizers ({', '.join(t['method'] for t in real)}) the visual table is LEARNED in "
                    f"{learned}/{runs} runs and USED in {used}/{runs}; the caption loss improves significantly "
-                   "(after Holm) for "
+                   "(family-adjusted) for "
                    f"{', '.join(significant) if significant else 'none of them'}. Regime: {regime}.")
     return out
 
@@ -205,6 +205,8 @@ def write_visual_report(root: str | Path) -> list[Path]:
                     "draws, at chance). The caption loss with the image removed "
                     "shows how much the image helps at all."),
               ("h2", "Findings"), ("ul", findings(analysis, regime, v["features"])),
+              *([("h3", "Labels at other margins (δ-sensitivity)"), ("table", *sensitivity_table(analysis, spec))]
+                if analysis.get("sensitivity") else []),
               *design_blocks(analysis),
               *([("h2", "Online vs frozen quantizers: the cost of ID flips"), ("table", *quantizer_table(analysis)),
                  ("ul", flip_findings(analysis)),

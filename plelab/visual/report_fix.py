@@ -1,6 +1,6 @@
 """Report blocks for the visual study's ``fix`` and ``ablation`` designs (issue 8): the 2×2 of visual
 table on/off × L_visual on/off per tokenizer and λ, and the redundancy ablation (features withheld:
-per-layer table vs a layer-0 ID embedding), each with paired CIs and Holm across the tokenizers."""
+per-layer table vs a layer-0 ID embedding), each with paired CIs, family-adjusted across the tokenizers."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def ablation_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def fix_findings(analysis: dict) -> list[str]:
-    """What the fix did, in words, for the table-on arms (significance after Holm across tokenizers)."""
+    """What the fix did, in words, for the table-on arms (significance family-adjusted across tokenizers)."""
     con = _by_arm(analysis, "content")
     out = []
     for lam in _lambdas(analysis):
@@ -61,7 +61,8 @@ def fix_findings(analysis: dict) -> list[str]:
         if on:
             n = f"{len(on)} tokenizer{'s' if len(on) != 1 else ''}"
             out.append(f"λ = {lam}: adding L_visual with the table on lowers the content-word loss significantly "
-                       f"(Holm over {n}) for {', '.join(helped) or 'none'}; raises it for {', '.join(hurt) or 'none'}.")
+                       f"(adjusted over {n}) for {', '.join(helped) or 'none'}; raises it for "
+                       f"{', '.join(hurt) or 'none'}.")
     tables = {t["method"]: t for t in analysis["tables"] if t["table"] == "visual"}
     fixed_arms = [m for m in tables if ".lv" in m and ".notable." not in m]
     refs = {m.split(".lv")[0] for m in fixed_arms}  # the same tokenizers at λ = 0
@@ -108,7 +109,8 @@ def design_blocks(analysis: dict) -> list[tuple]:
                 ("p", "Table on: the tokenizer's arm with L_visual against the same arm without it (is text "
                       "prediction better once the IDs are targets?). Table off: the IDs are only prediction targets "
                       "(a head over the K IDs), against no visual table — what the auxiliary task alone does. Same "
-                      "caption tokens in every arm; labels after Holm across the tokenizers at each λ. A visual "
+                      "caption tokens in every arm; labels family-adjusted across the tokenizers at each λ (Dunnett "
+                      "on the blocked design where the arms share a reference, else Holm). A visual "
                       "table that becomes USED under L_visual is expected and not, by itself, a benefit. The LM's "
                       "attention is causal over the image prefix; with the continuous features on, the frozen ViT's "
                       "bidirectional features still carry some of the next patch's content, so L_visual is partly "
@@ -118,7 +120,7 @@ def design_blocks(analysis: dict) -> list[tuple]:
         out += [("h2", "Redundancy ablation: continuous features withheld"), ("table", head, rows),
                 ("ul", ablation_findings(analysis)),
                 ("p", "Every arm here sees the image only through its IDs (one learned constant at image positions); "
-                      "Holm across this family's methods. "
+                      "labels family-adjusted across this family's methods. "
                       "Per-layer table: the IDs through each layer's gate; layer-0: one ID embedding added to the "
                       "input of the image positions. If the per-layer table beats the layer-0 embedding, per-layer "
                       "injection matters beyond having the IDs at all.")]

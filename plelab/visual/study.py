@@ -223,8 +223,11 @@ def visual_analysis(res: SweepResults) -> dict:
                      "caption": stats.mean_sd([r.loss for r in runs]), "content": mean("content"),
                      "template": mean("template"), "no_image_caption": mean("no_image_caption"),
                      "visual_loss": mean("visual_loss")})
-    return {"rows": rows, "tables": table_rows(res), "caption_vs_none": [c.to_dict() for c in _paired(res, "caption")],
-            "content_vs_none": [c.to_dict() for c in _paired(res, "content")],
+    cap, con = _paired(res, "caption"), _paired(res, "content")
+    sensitivity = {f"{m} loss vs {res.spec.baseline}": stats.sensitivity(c, res.spec.delta, steps=False)
+                   for m, c in (("caption", cap), ("content-word", con)) if c}
+    return {"rows": rows, "tables": table_rows(res), "caption_vs_none": [c.to_dict() for c in cap],
+            "content_vs_none": [c.to_dict() for c in con], "sensitivity": sensitivity,
             "online_vs_frozen": {m: [c.to_dict() for c in online_vs_frozen(res, m)] for m in ("caption", "content")},
             "references": {m: reference_families(res, m) for m in ("caption", "content")},
             "missing": res.missing}
