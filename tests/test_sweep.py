@@ -145,6 +145,8 @@ def test_plan_sizes_a_confirmatory_sweep_on_fresh_seeds(sweep_dir, capsys):
     assert "not fitted on the pilot" in capsys.readouterr().out
     assert main(["plan", str(sweep_dir), "--power", "1.5"]) == 2
     assert "--power must be between 0 and 1" in capsys.readouterr().err
+    assert main(["plan", str(sweep_dir), "--delta", "0.1", "--delta-fraction", "0.5"]) == 2
+    assert "not both" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("google-chrome") is None,

@@ -198,3 +198,22 @@ def test_early_verdict_check_is_within_arms_not_pooled():
     predictive = [(list(x), list(x + rng.normal(0, 0.001, 3))) for x, _ in groups]  # x predicts y within arms
     strong = stats.within_group_spearman(predictive)
     assert strong["rho"] > 0.8 and strong["p"] < 0.01
+
+
+def test_plan_takes_delta_from_the_pilots_gain_and_never_reuses_its_seeds(monkeypatch):
+    from plelab.errors import PlelabError
+    from plelab.sweeps.planning import plan
+
+    rng = np.random.default_rng(12)
+    base = 5.0 + rng.normal(0, 0.08, 4)
+    res = _synthetic({"dp0": base, "dp8": base - 0.04 + rng.normal(0, 0.01, 4),
+                      "dp16": base - 0.08 + rng.normal(0, 0.01, 4)})
+    monkeypatch.setattr("plelab.sweeps.planning.collect", lambda root, structure=False: res)
+    p = plan("pilot", delta_fraction=0.25)
+    gain = float(np.mean([base[s] - res.runs["dp16"][s].loss for s in range(4)]))
+    assert p["delta"] == pytest.approx(0.25 * gain) and "dp16" in p["delta_origin"]
+    assert p["seeds"] and min(p["confirmatory_seeds"]) == 4 and f"--delta {p['delta']:g}" in p["command"]
+    flat = _synthetic({"dp0": base, "dp8": base + 0.01, "dp16": base + 0.02})
+    monkeypatch.setattr("plelab.sweeps.planning.collect", lambda root, structure=False: flat)
+    with pytest.raises(PlelabError, match="no mean gain"):
+        plan("pilot", delta_fraction=0.25)

@@ -50,7 +50,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     print(plan_text(plan(args.pilot, delta=args.delta, target_power=args.power, out=args.out,
-                         eval_windows=args.eval_windows)))
+                         eval_windows=args.eval_windows, delta_fraction=args.delta_fraction)))
     return 0
 
 
@@ -103,6 +103,8 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("plan", help="seeds a confirmatory sweep needs, from a pilot sweep's noise (exact power)")
     p.add_argument("pilot", help="a finished pilot sweep (its seeds are not reused)")
     p.add_argument("--delta", type=float, help="the smallest effect of interest in nats (default: the pilot's δ)")
+    p.add_argument("--delta-fraction", type=float,
+                   help="δ = this fraction of the pilot's largest mean gain over the baseline (instead of --delta)")
     p.add_argument("--power", type=float, default=0.8, help="target power of each decision (default 0.8)")
     p.add_argument("--out", help="the confirmatory sweep's folder, for the printed command (default PILOT-confirm)")
     p.add_argument("--eval-windows", type=int,

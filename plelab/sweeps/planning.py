@@ -73,14 +73,39 @@ def noise_sources(res, families: dict, delta: float, eval_windows: int | None = 
     return out
 
 
+def _delta_from_pilot(res, fraction: float) -> tuple[float, str]:
+    """δ = ``fraction`` × the pilot's largest mean gain of a dP arm over the baseline (its own runs, its seeds)."""
+    base = res.runs.get(res.spec.baseline, {})
+    gains = []
+    for arm in _main_curve(res.spec)[1:]:
+        seeds = sorted(set(base) & set(res.runs.get(arm, {})))
+        if seeds:
+            gains.append((sum(base[s].loss - res.runs[arm][s].loss for s in seeds) / len(seeds), arm))
+    if not gains or max(gains)[0] <= 0:
+        raise PlelabError("the pilot shows no mean gain over the baseline to take a fraction of: declare --delta")
+    gain, arm = max(gains)
+    return fraction * gain, (f"{fraction:g} × the pilot's largest mean gain ({arm}: {gain:.4f} nats), on seeds the "
+                             "confirmatory sweep does not use")
+
+
 def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.8, out: str | Path | None = None,
-         max_seeds: int = power.MAX_SEEDS, eval_windows: int | None = None) -> dict:
+         max_seeds: int = power.MAX_SEEDS, eval_windows: int | None = None,
+         delta_fraction: float | None = None) -> dict:
     """The plan as a JSON-ready dict (see the module doc); ``out``: the confirmatory sweep's folder;
-    ``eval_windows``: also measure the spread with that many validation windows (re-evaluates every run)."""
+    ``eval_windows``: also measure the spread with that many validation windows (re-evaluates every run);
+    ``delta_fraction``: δ = that fraction of the pilot's largest mean gain against the baseline — a δ from the
+    pilot's seeds, which the confirmatory seeds never see (instead of ``delta``)."""
+    if delta is not None and delta_fraction is not None:
+        raise PlelabError("give --delta or --delta-fraction, not both")
+    if delta_fraction is not None and not 0 < delta_fraction <= 1:
+        raise PlelabError(f"--delta-fraction must be in (0, 1], got {delta_fraction}")
     if eval_windows is not None and eval_windows < 1:
         raise PlelabError(f"--eval-windows must be >= 1, got {eval_windows}")
     res = collect(pilot, structure=False)
     spec = res.spec
+    origin = "given with --delta" if delta is not None else "the pilot's declared δ"
+    if delta_fraction is not None:
+        delta, origin = _delta_from_pilot(res, delta_fraction)
     delta = spec.delta if delta is None else delta
     if not delta > 0:
         raise PlelabError(f"--delta must be > 0 (the smallest effect of interest in nats), got {delta}")
@@ -126,15 +151,16 @@ def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.
         command = sweep_command(confirm, Path(out) if out else Path(f"{Path(pilot)}-confirm"))
     noise = noise_sources(res, families, delta, eval_windows)
     return {"pilot": str(pilot), "pilot_seeds": spec.seeds, "delta": delta, "noise": noise,
-            "delta_origin": "given with --delta" if delta != spec.delta else "the pilot's declared δ",
+            "delta_origin": origin,
             "power": target_power, "alpha": spec.alpha, "by_last_k": by_k, "chosen_last_k": best["last_k"],
             "seeds": n, "undecidable": len(needs) - len(decided), "confirmatory_seeds": fresh, "command": command}
 
 
 def plan_text(p: dict) -> str:
     """The plan for the terminal."""
-    lines = [f"Pilot {p['pilot']} (seeds {p['pilot_seeds']}); δ = {p['delta']} nats ({p['delta_origin']}, not "
-             f"fitted on the pilot); power {p['power']:.0%} at α = {p['alpha']} per family."]
+    lines = [f"Pilot {p['pilot']} (seeds {p['pilot_seeds']}); δ = {p['delta']:.4g} nats ({p['delta_origin']}"
+             + ("" if "pilot's largest" in p["delta_origin"] else ", not fitted on the pilot")
+             + f"); power {p['power']:.0%} at α = {p['alpha']} per family."]
     lines.append("Paired spread by how a run's loss is defined (median over comparisons):")
     for e in p["by_last_k"]:
         mark = "  ← chosen" if e["last_k"] == p["chosen_last_k"] else ""
