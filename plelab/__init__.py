@@ -72,20 +72,32 @@ def _register_with_transformers() -> None:
 
 
 class _AfterTransformersImport(importlib.abc.MetaPathFinder):
-    """Runs :func:`_register_with_transformers` once ``import transformers`` has finished executing."""
+    """Runs :func:`_register_with_transformers` once ``import transformers`` has finished executing.
+
+    It stays on ``sys.meta_path`` until then: a bare ``importlib.util.find_spec("transformers")`` (libraries such as
+    datasets call it to test for transformers) also reaches it, and must not use it up.
+    """
+
+    def __init__(self) -> None:
+        self.busy = False
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "transformers":
+        if fullname != "transformers" or self.busy:
             return None
-        sys.meta_path.remove(self)  # once, and so that the lookup below finds the real module
-        spec = importlib.util.find_spec(fullname)
+        self.busy = True  # the lookup below passes through this finder again: let it through to the real ones
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.busy = False
         loader = getattr(spec, "loader", None)
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
-        exec_module = loader.exec_module
+        exec_module, finder = loader.exec_module, self
 
         def exec_then_register(module):
             exec_module(module)
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
             _register_with_transformers()
         loader.exec_module = exec_then_register
         return spec

@@ -73,7 +73,9 @@ def test_export_round_trips_logits_generate_and_tokenizer(runs, tmp_path, capsys
 def test_a_ple_export_loads_after_import_plelab_in_a_fresh_process(runs, tmp_path):
     out = tmp_path / "hf"
     plelab.export(runs / "ple", out)
-    code = ("import plelab, torch; from transformers import AutoModelForCausalLM, AutoTokenizer; "
+    code = ("import importlib.util, plelab, torch; "
+            "assert importlib.util.find_spec('transformers'); "  # a library probing for transformers first
+            "from transformers import AutoModelForCausalLM, AutoTokenizer; "
             f"m = AutoModelForCausalLM.from_pretrained({str(out)!r}); t = AutoTokenizer.from_pretrained({str(out)!r}); "
             "ids = t('The table', return_tensors='pt'); "
             "print(type(m).__name__, m.generate(**ids, max_new_tokens=3, do_sample=False).shape[1] - "
