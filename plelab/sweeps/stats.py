@@ -65,7 +65,7 @@ class Comparison:
     mde: float
     se: float = math.nan
     df: float = math.nan
-    method: str = "paired t"  # or "blocked (pooled error over k arms)"
+    method: str = "paired t"  # or "blocked: pooled error of k arms"
     adjustment: str = "Holm"  # how p_adj was adjusted in its family: Holm | Dunnett
     p_adj: float = math.nan
     p_tost_adj: float = math.nan
