@@ -61,20 +61,26 @@ def initial_of(source: TableSource, init: str, what: str) -> torch.Tensor:
     return w0.load()
 
 
-def foreign_agreement(source: TableSource, reference: str, init: str | None, reference_init: str | None,
-                      counts: np.ndarray | None = None) -> dict:
-    """Per-layer and whole-table CKA against the null, on Δ (both inits given) or on W_t (neither), with the
-    structure verdict and its basis; ``counts [Vp]`` (the data's) make the null frequency-matched."""
+def _check_init_pair(init, reference_init) -> None:
     if (init is None) != (reference_init is None):
         raise PlelabError("--init and --reference-init go together: Δ = W_t − W_0 needs the step-0 table of both runs "
                           "(or give neither, for agreement of W_t)")
+
+
+def foreign_agreement(source: TableSource, reference: str, init: str | None, reference_init: str | None,
+                      counts: np.ndarray | None = None, w0: torch.Tensor | None = None) -> dict:
+    """Per-layer and whole-table CKA against the null, on Δ (both inits given) or on W_t (neither), with the
+    structure verdict and its basis; ``counts [Vp]`` (the data's) make the null frequency-matched; ``w0``: the
+    ``init`` table already read (a table of Gemma 3n's size is gigabytes: read once)."""
+    _check_init_pair(init, reference_init)
     ref = _find(reference, source)
     if ref.rows != source.rows:
         raise PlelabError(f"--reference {reference} has {ref.rows} table rows, this checkpoint {source.rows}: the "
                           "rows must be the same token ids (widths and layer counts may differ)")
     a, b = source.load(), ref.load()
     if init is not None:
-        a, b = a - initial_of(source, init, "--init"), b - initial_of(ref, reference_init, "--reference-init")
+        w0 = initial_of(source, init, "--init") if w0 is None else w0
+        a, b = a - w0, b - initial_of(ref, reference_init, "--reference-init")
     basis = "Δ = W_t − W_0" if init is not None else "W_t (no W_0 given)"
     rows = ((a.flatten(1).norm(dim=1) > 0) | (b.flatten(1).norm(dim=1) > 0) if init is not None
             else torch.ones(len(a), dtype=torch.bool))
@@ -108,12 +114,14 @@ def foreign_report(report: dict, source: TableSource, reference, init, reference
                    use: ForeignUse | None, batch: int = 16) -> dict:
     """Fill ``report`` (the W_t part done) with the cross-seed agreement, the use test and both axes' verdicts."""
     counts = use.counts if use is not None else None
+    if reference is not None:
+        _check_init_pair(init, reference_init)
+    w0 = initial_of(source, str(init), "--init") if init is not None else None
     agreement = (foreign_agreement(source, str(reference), init and str(init), reference_init and str(reference_init),
-                                   counts) if reference is not None else None)
+                                   counts, w0) if reference is not None else None)
     use_layers: dict[int, dict] = {}
     use_table = None
     if use is not None:
-        w0 = initial_of(source, str(init), "--init") if init is not None else None
         device = use.table.device
         base, results = use_metrics(use.model, use.windows, w0, use.counts, batch=batch, device=device,
                                     table=(use.table, source.num_layers, source.dim))

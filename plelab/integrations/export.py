@@ -28,7 +28,7 @@ from plelab.errors import PlelabError
 from plelab.integrations.hf_model import MODEL_TYPE, classes, quiet_transformers, register, require_transformers
 from plelab.io import check_folder_target, ensure_dir
 from plelab.training.checkpoint import read_state
-from plelab.training.loading import checkpoint_of, load_for_eval
+from plelab.training.loading import checkpoint_of, load_for_eval, run_tokenizer_file
 
 TOLERANCE = 1e-5
 
@@ -40,18 +40,6 @@ class ExportResult:
     step: int
     max_logit_diff: float | None  # transformers' logits vs plelab's on a check batch (None: not verified)
     notes: list[str]
-
-
-def _run_dir(ckpt: Path) -> Path:
-    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
-
-
-def _tokenizer_file(ckpt: Path) -> Path:
-    for folder in (ckpt, _run_dir(ckpt)):
-        if (folder / "tokenizer.json").exists():
-            return folder / "tokenizer.json"
-    raise PlelabError(f"{_run_dir(ckpt)} has no tokenizer.json (runs written before plelab saved it there): copy "
-                      "the run's tokenizer.json (from the cache, or the one --tokenizer named) into the run folder")
 
 
 def _llama(cfg: RunConfig, state: dict[str, torch.Tensor]):
@@ -115,7 +103,7 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
     if cfg.ple.enabled and cfg.ple.ids != "token":
         raise PlelabError(f"{ckpt} is a null-control run (ple.ids={cfg.ple.ids}): its table rows are keyed by random "
                           "draws, so the model means nothing outside plelab; export a run with ple.ids=token")
-    tokenizer = _tokenizer_file(ckpt)
+    tokenizer = run_tokenizer_file(ckpt)
     model, _ = load_for_eval(ckpt, mmap_table=False)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     step = int(read_state(ckpt, for_resume=False)["step"])

@@ -34,6 +34,7 @@ from torch import nn
 from plelab.config.schema import GATE_KINDS
 from plelab.diagnostics.monitor import ATTACH_CONFIG_KEY as PLE_CONFIG_KEY
 from plelab.errors import PlelabError
+from plelab.integrations.hf_model import quiet_transformers
 from plelab.model.hf_weights import load_hf_weights, read_safetensors
 from plelab.model.ple import PerLayerEmbedding, PerLayerInjection, PLEModules, keep_unregistered, token_table_ids
 
@@ -225,12 +226,8 @@ def load_attached(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     if not saved:
         raise PlelabError(f"{path}: its config.json has no {PLE_CONFIG_KEY!r} entry — it was not saved from a model "
                           "with plelab.attach; load it with transformers directly")
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # the PLE tensors are "unexpected" to the host class: loaded below
-    try:
+    with quiet_transformers():  # the PLE tensors are "unexpected" to the host class: loaded below
         model = transformers.AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
-    finally:
-        transformers.logging.set_verbosity(level)
     attach(model, saved["dim"], gate=saved["gate"], vocab_size=saved["vocab_size"], init=saved.get("init", "gemma"),
            sparse_table=saved.get("sparse_table", False), seed=saved.get("seed", 0), allow_untested_transformers=True)
     own = {id(p) for p in PLEModules(model).parameters()}

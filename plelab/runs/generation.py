@@ -16,17 +16,7 @@ import torch
 from plelab.data.tokenizer import EOS, load_tokenizer
 from plelab.errors import PlelabError
 from plelab.model.generate import check_sampling, generate
-from plelab.training.loading import checkpoint_of, load_for_eval
-
-
-def run_tokenizer(ckpt: Path):
-    """The tokenizer of the run a checkpoint folder belongs to (its ``tokenizer.json``)."""
-    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
-    for folder in (ckpt, run_dir):
-        if (folder / "tokenizer.json").exists():
-            return load_tokenizer(folder / "tokenizer.json")
-    raise PlelabError(f"{run_dir} has no tokenizer.json, so a prompt cannot be encoded (runs written before plelab "
-                      "saved it): copy the run's tokenizer.json (from the cache, or the one --tokenizer named) there")
+from plelab.training.loading import checkpoint_of, load_for_eval, run_tokenizer_file
 
 
 def generate_text(run: str | Path, prompt: str, max_new_tokens: int = 64, *, temperature: float = 0.8,
@@ -37,7 +27,7 @@ def generate_text(run: str | Path, prompt: str, max_new_tokens: int = 64, *, tem
     except ValueError as err:
         raise PlelabError(f"{err} (plelab generate: --max-new-tokens, --temperature, --top-k)") from None
     ckpt = checkpoint_of(run)
-    tokenizer = run_tokenizer(ckpt)
+    tokenizer = load_tokenizer(run_tokenizer_file(ckpt))
     model, cfg = load_for_eval(ckpt, device=device)
     if cfg.ple.enabled and cfg.ple.ids != "token":
         raise PlelabError(f"{ckpt} is a null-control run (ple.ids={cfg.ple.ids}): its table is keyed by random draws; "

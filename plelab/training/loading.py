@@ -39,6 +39,16 @@ def checkpoint_of(path: str | Path) -> Path:
     return found[-1]
 
 
+def run_tokenizer_file(ckpt: Path) -> Path:
+    """The ``tokenizer.json`` of the run a checkpoint folder belongs to (every text run folder holds one)."""
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
+    for folder in (ckpt, run_dir):
+        if (folder / "tokenizer.json").exists():
+            return folder / "tokenizer.json"
+    raise PlelabError(f"{run_dir} has no tokenizer.json (runs written before plelab saved it there): copy the run's "
+                      "tokenizer.json (from the cache, or the one --tokenizer named) into the run folder")
+
+
 def load_for_eval(path: str | Path, device: str | torch.device = "cpu",
                   mmap_table: bool = True) -> tuple[PLECausalLM, RunConfig]:
     """A trained text model in eval mode, ``(model, config)``, from a run or checkpoint folder.
