@@ -14,6 +14,9 @@ import time
 import torch
 from scipy import stats
 
+from plelab.precision import cpu_model
+from plelab.runtime import allocator
+
 
 def matmul_peak(n: int = 4096, reps: int = 5, dtype: torch.dtype = torch.float32) -> float:
     """Measured FLOP/s of an ``n×n @ n×n`` GEMM on this device (median of ``reps``, after one warm-up)."""
@@ -49,24 +52,9 @@ def rotated(items: list, repeat: int) -> list:
     return items[k:] + items[:k]
 
 
-def cpu_model() -> str:
-    """The CPU's model name and its bf16 matrix flags, read from /proc/cpuinfo (Linux; else the platform's word)."""
-    import platform
-
-    try:
-        info = open("/proc/cpuinfo").read()
-    except OSError:
-        return platform.processor() or platform.machine()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                platform.machine())
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
-    return f"{name}" + (f" [{', '.join(bf16)}]" if bf16 else " [no bf16 matrix flags]")
-
-
 def machine() -> str:
     import os
     import platform
 
     return (f"{os.cpu_count()} CPUs ({cpu_model()}), torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, Python {platform.python_version()}")
+            f"{torch.get_num_threads()} threads, Python {platform.python_version()}, allocator: {allocator()}")

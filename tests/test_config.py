@@ -95,9 +95,10 @@ def test_all_keys_are_overridable():
 def test_tagged_key_lists_equal_the_lists_kept_by_hand_before():
     from plelab.config import VisualConfig, keys_tagged
 
-    # plelab/training/trainer.py's _RESUME_KEYS as it was written by hand
+    # plelab/training/trainer.py's _RESUME_KEYS as it was written by hand, and train.precision (issue 17: a resume
+    # keeps the precision its run resolved)
     assert keys_tagged("resume") == ("seed", "model", "ple", "train.batch_size", "train.seq_len",
-                                     "train.table_optimizer", "visual")
+                                     "train.table_optimizer", "train.precision", "visual")
     # plelab/sweeps/advise.py's _MATCH as it was written by hand (model: every key)
     match = [("model", None), ("ple", ("vocab_size", "gate", "gate_init", "table_init_std", "ids", "table",
                                        "table_scale", "table_scale_dim")),

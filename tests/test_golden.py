@@ -38,8 +38,9 @@ def test_cpu_tiny_loss_curve_matches_golden(tiny_data):
 
 def test_a_checkpoint_written_before_the_architecture_step_resumes_and_reproduces(tmp_path):
     """A run folder written by plelab 5bbdc23 (8 steps, checkpoint at 4, live diagnostics every 2 steps), cut at its
-    step-4 checkpoint, resumes with today's code and repeats the old run's steps 5-8 exactly: losses, gradient norms,
-    live diagnostics, validation loss and the checkpoint's structure + use diagnostics."""
+    step-4 checkpoint, resumes with today's code and repeats the old run's steps 5-8: losses, gradient norms, live
+    diagnostics, validation loss and the checkpoint's structure + use diagnostics — exactly until the chunked
+    LM-head loss (issue 17), which sums in another order; since then to float rounding (1e-5)."""
     import shutil
 
     expected = json.loads((GOLDEN.parent / "pre_architecture_expected.json").read_text())
@@ -49,7 +50,23 @@ def test_a_checkpoint_written_before_the_architecture_step_resumes_and_reproduce
     result = train(cfg, run, resume=True, progress=False, log=lambda *a: None)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     rows = [{k: v for k, v in r.items() if k not in ("tokens_per_second", "mfu")} for r in rows if r["step"] > 4]
-    assert rows == expected["rows_after_resume"]
-    assert result.final_val_loss == expected["final_val_loss"]
+    _assert_close(rows, expected["rows_after_resume"])
+    _assert_close(result.final_val_loss, expected["final_val_loss"])
     diagnostics = json.loads((run / "checkpoints" / "step-000008" / "diagnostics.json").read_text())
-    assert diagnostics == expected["final_diagnostics"]
+    _assert_close(diagnostics, expected["final_diagnostics"])
+
+
+def _assert_close(got, want, where: str = "", tol: float = 1e-5) -> None:
+    """Equal structure and strings; floats within ``tol`` (absolute, or relative where larger than 1)."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), where
+        for k in want:
+            _assert_close(got[k], want[k], f"{where}.{k}", tol)
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_close(g, w, f"{where}[{i}]", tol)
+    elif isinstance(want, float) and not isinstance(want, bool):
+        assert got == pytest.approx(want, abs=tol, rel=tol), where
+    else:
+        assert got == want, where

@@ -194,8 +194,9 @@ class TrainConfig:
     # Also checkpoint at this step and never delete it (the sweep's early verdict; 0 = none).
     early_checkpoint: int = 0
     device: str = "auto"
-    # auto: bf16 autocast on CUDA, fp32 on CPU (bf16 matmuls are slower than fp32 on CPUs).
-    precision: Precision = "auto"
+    # auto: bf16 autocast on CUDA; on CPU bf16 only with bf16 matrix flags and a probe that finds it faster
+    # (plelab.precision); studies: fp32 on CPU. config.json records the resolved value.
+    precision: Precision = field(default="auto", metadata=_RESUME)
     compile: bool = False
     # Multi-process wrapping under torchrun: DDP, or FSDP2 (fully_shard) for large models.
     parallel: Parallel = "ddp"

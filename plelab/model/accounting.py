@@ -111,6 +111,17 @@ def matmul_params_from_model(model: PLECausalLM) -> int:
     return linear + tied_head
 
 
+def forward_gemms(model: nn.Module, tokens: int) -> list[tuple[int, int, int]]:
+    """The forward GEMMs ``(m, k, n)`` of ``model`` on ``tokens`` positions: one per ``nn.Linear`` (``[tokens,
+    in]·[in, out]``) and, for a :class:`PLECausalLM` with a tied head, the LM head. Attention's own products are
+    left out (SDPA, not a GEMM). Shapes only: ``model`` may live on the meta device."""
+    out = [(tokens, m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)]
+    if isinstance(model, PLECausalLM) and model.mc.tie_word_embeddings:
+        V, H = model.output_weight().shape
+        out.append((tokens, H, V))
+    return out
+
+
 def flops_per_token(mc: ModelConfig, pc: PLEConfig, seq_len: int) -> int:
     """Training FLOPs per token (forward + backward): ``6·N_matmul + 12·L·n_heads·head_dim·T``."""
     attn = 12 * mc.num_hidden_layers * mc.num_attention_heads * mc.resolved_head_dim * seq_len

@@ -1,4 +1,5 @@
-"""Evaluation losses of a causal LM over fixed windows (the trainer's validation, eval, the use test)."""
+"""Losses of a causal LM: the training loss through the LM head in row chunks, and per-window evaluation losses
+over fixed windows (the trainer's validation, eval, the use test)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,28 @@ import torch.nn.functional as F
 from torch import nn
 
 from plelab.model.ple import IIDTableIds
+
+CHUNKED_LOSS = hasattr(F, "linear_cross_entropy")  # torch's fused head + CE; older torch computes it unchunked
+LOSS_CHUNK_ROWS = 512  # rows of [N, V] logits per chunk (measured: 256–1024 tie, BENCHMARKS.md "Chunked loss")
+
+
+def head_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token CE of ``hidden [..., H]`` through the LM head ``weight [V, H]`` against ``targets [...]``
+    (-100 ignored), in fp32.
+
+    Without autocast: ``torch.nn.functional.linear_cross_entropy`` in chunks of ``LOSS_CHUNK_ROWS`` rows, its
+    gradients made chunk by chunk in the forward, so the ``[N, V]`` logits and their gradient never exist
+    whole; equal to ``cross_entropy(linear(hidden, weight), targets)`` up to float summation order. Under autocast
+    the head runs in the autocast dtype and the CE on fp32 logits, unchunked: the chunked op returns its loss in
+    the inputs' dtype (a bf16 loss is rounded to ≈ 0.03 nats). A torch without the op computes it unchunked."""
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device) or not CHUNKED_LOSS:
+        logits = F.linear(hidden, weight).float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+    options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=LOSS_CHUNK_ROWS, chunking_method=None,
+                                                 acc_policy="compact")
+    return F.linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1),
+                                  ignore_index=-100, options=options)
 
 
 @torch.no_grad()

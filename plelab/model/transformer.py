@@ -29,6 +29,7 @@ from torch import nn
 
 from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.model.layers import Attention, RMSNorm, SwiGLU, rotary_cos_sin
+from plelab.model.losses import head_cross_entropy
 from plelab.model.ple import PerLayerEmbedding, PerLayerInjection, keep_unregistered, token_table_ids
 
 
@@ -156,23 +157,30 @@ class PLECausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, *,
                 targets: torch.Tensor | None = None, table_ids: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None, token_part: torch.Tensor | None = None,
-                past_key_values=None) -> CausalLMOutput:
+                past_key_values=None, return_logits: bool = True) -> CausalLMOutput:
         """``input_ids [B,T]`` -> logits ``[B,T,V]`` and, given targets, the mean next-token CE.
 
         ``labels [B,T]`` follow HF: aligned with ``input_ids`` and shifted inside (position t predicts
         ``labels[t+1]``), -100 ignored — ``model(ids, labels=ids)`` is language modelling. ``targets [B,T]``
         are already shifted (nanoGPT's convention: position t predicts ``targets[t]``), as the trainer passes
-        ``window[:, :-1]`` / ``window[:, 1:]``. ``table_ids``, ``inputs_embeds``, ``token_part``,
-        ``past_key_values``: see :meth:`PLETextModel.forward` (the cache comes back in the output).
+        ``window[:, :-1]`` / ``window[:, 1:]``. ``return_logits=False`` (with labels or targets) computes the
+        loss through the head in row chunks (:func:`~plelab.model.losses.head_cross_entropy`: no ``[B,T,V]``
+        logits, the same loss up to summation order) and returns ``logits=None``, as the trainer does.
+        ``table_ids``, ``inputs_embeds``, ``token_part``, ``past_key_values``: see :meth:`PLETextModel.forward`
+        (the cache comes back in the output).
         """
         if labels is not None and targets is not None:
             raise ValueError("give labels (HF: shifted inside) or targets (already shifted), not both")
         hidden = self.model(input_ids, inputs_embeds, token_part, table_ids, past_key_values)
+        shift = labels is not None  # position t predicts labels[t + 1]
+        if shift:
+            targets = labels[:, 1:]
+        if not return_logits and targets is not None:
+            loss = head_cross_entropy(hidden[:, :-1] if shift else hidden, self.output_weight(), targets)
+            return CausalLMOutput(logits=None, loss=loss, past_key_values=past_key_values)
         logits = F.linear(hidden, self.output_weight())
         loss = None
-        if labels is not None:
-            shifted = logits[:, :-1].float()
-            loss = F.cross_entropy(shifted.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
-        elif targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+        if targets is not None:
+            scored = (logits[:, :-1] if shift else logits).float()
+            loss = F.cross_entropy(scored.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
         return CausalLMOutput(logits=logits, loss=loss, past_key_values=past_key_values)

@@ -32,9 +32,11 @@ from plelab.config import RunConfig, resolve_config
 from plelab.config.schema import QUANTIZER_IDS
 from plelab.errors import PlelabError
 from plelab.io import atomic_write, ensure_dir, write_json
+from plelab.precision import study_precision
 from plelab.runs import make_trainer, prepare_data, warm_caches
-from plelab.runtime import available_cores
+from plelab.runtime import available_cores, resolve_device
 from plelab.sweeps.spec import Arm, SweepSpec, run_dir, save_spec
+from plelab.training.run_precision import with_precision
 
 
 @dataclass
@@ -50,7 +52,10 @@ class RunJob:
 
 
 def run_config(spec: SweepSpec, arm: Arm, seed: int) -> RunConfig:
-    return resolve_config(spec.preset, [*spec.overrides, *arm.overrides], seed=seed, steps=spec.steps)
+    """The arm's config at ``seed``, its precision resolved as a study's (:func:`plelab.precision.study_precision`:
+    the same for every arm that does not set its own)."""
+    cfg = resolve_config(spec.preset, [*spec.overrides, *arm.overrides], seed=seed, steps=spec.steps)
+    return with_precision(cfg, study_precision(cfg.train.precision, resolve_device(cfg.train.device)).resolved)
 
 
 def _saved_or_resolved(spec: SweepSpec, arm: Arm, seed: int, path: Path) -> RunConfig:

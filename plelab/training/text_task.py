@@ -64,7 +64,7 @@ class TextTask(Task):
 
     def loss(self, forward: Callable, batch: Batch) -> torch.Tensor:
         return forward(batch.inputs["input_ids"], targets=batch.inputs["targets"],
-                       table_ids=batch.inputs["table_ids"]).loss
+                       table_ids=batch.inputs["table_ids"], return_logits=False).loss
 
     def evaluate(self, model: nn.Module, step: int) -> float:
         """Mean next-token CE (nats) over the fixed validation windows (every rank runs all of them)."""

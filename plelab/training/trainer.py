@@ -30,8 +30,9 @@ from plelab.faults import maybe_fault
 from plelab.io import atomic_write, write_json
 from plelab.model.accounting import flops_per_token
 from plelab.model.ple import TABLE_KEY
+from plelab.precision import PrecisionChoice
 from plelab.provenance import provenance
-from plelab.runtime import available_cores, resolve_device, seed_everything, setup_torch, uses_bf16
+from plelab.runtime import available_cores, resolve_device, seed_everything, setup_torch
 from plelab.training import checkpoint as ckpt
 from plelab.training import sparse
 from plelab.training.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
@@ -39,6 +40,7 @@ from plelab.training.nonfinite import describe_nonfinite, stop_message
 from plelab.training.optim import adamw, lr_multiplier, set_lr
 from plelab.training.parallel import wrap_model
 from plelab.training.rows import RowCounter
+from plelab.training.run_precision import legacy_precision, run_precision, with_precision
 from plelab.training.task import Batch, Observer, RunEnv, Task
 
 
@@ -76,7 +78,9 @@ class Trainer:
             raise PlelabError(f"train.batch_size={tc.batch_size} must be divisible by world size x grad_accum = "
                               f"{self.dist.world_size} x {tc.grad_accum}; change one of them")
         self.micro_batch = tc.batch_size // per_step
-        self.env = RunEnv(self.device, self.dist, self.micro_batch, uses_bf16(tc.precision, self.device))
+        self.precision = self._resolve_precision(resume)
+        cfg, tc = self.cfg, self.cfg.train
+        self.env = RunEnv(self.device, self.dist, self.micro_batch, self.precision.bf16)
         task.bind(self.env)
         table_sparse = sparse.table_is_sparse(cfg, self.dist.enabled)
         self.model = task.build_model("cpu" if tc.table_device == "cpu" else None, table_sparse)
@@ -104,6 +108,15 @@ class Trainer:
             self._open_run(resume)
         task.ready(self.step)
 
+    def _resolve_precision(self, resume: bool) -> PrecisionChoice:
+        """``train.precision`` resolved once (every rank agrees: bf16 only where all ranks' probes found it
+        faster); ``self.cfg`` then holds the resolved value, which ``config.json`` records."""
+        choice = run_precision(self.cfg, self.device, self.micro_batch, self.run_dir, resume)
+        if self.dist.enabled and all_ranks_ok(choice.bf16, self.dist) != choice.bf16:
+            choice = PrecisionChoice(choice.requested, "fp32", "auto: another rank's probe found bf16 no faster")
+        self.cfg = with_precision(self.cfg, choice.resolved)
+        return choice
+
     # ---- run folder, resume ------------------------------------------------------------------
     def _open_run(self, resume: bool) -> None:
         """Check everything first (every rank, nothing written), then rank 0 writes."""
@@ -116,6 +129,9 @@ class Trainer:
         latest = found[-1] if found else None
         state = ckpt.read_state(latest) if latest is not None else None
         if state is not None:
+            train = state["config"].get("train", {})
+            if "precision" in train:  # a run from before precision was resolved recorded "auto"
+                train["precision"] = legacy_precision(train["precision"], self.device)
             ckpt.check_resumable(run, state, self.cfg, keys_tagged("resume"), self.data_fingerprint)
             # tensors first: a checkpoint that does not load leaves config.json as it was
             ckpt.load_model_weights(self.model, latest)
@@ -353,7 +369,7 @@ class Trainer:
             "epochs": self.task.epochs(self.step), "wall_seconds": result.wall_seconds,
             "tokens_per_second": result.tokens_per_second, "world_size": self.dist.world_size,
             "skipped_steps": self.skipped_steps,
-            "params": sum(p.numel() for p in self.model.parameters()),
+            "params": sum(p.numel() for p in self.model.parameters()), "precision": self.precision.to_dict(),
             **self.task.summary(self.model, self.step, self.row_counts()),
             **provenance(self.cfg, self.data_fingerprint)}
         try:

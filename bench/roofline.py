@@ -1,0 +1,83 @@
+"""A roofline that fits the shape: the model's own GEMM list, timed in this process, against its training step.
+
+The GEMM list is every matmul of one training step at the run's real shapes (each ``nn.Linear`` and the LM head on
+micro-batch × seq_len rows: forward, input gradient, weight gradient; ``plelab.precision.step_gemms``). Each repeat
+times one pass over that list in fp32 and in bf16, the 4096² GEMM peak in both, and a block of real training steps
+(``plelab.runs.make_trainer``, diagnostics, evaluation and checkpoints off) at the run's precision, in rotated
+order. Reported: step efficiency = (fp32 or bf16) GEMM-list time / step time — the share of the step that the
+matmuls alone would take at the speed this CPU runs these shapes — and the 4096² peaks beside it.
+
+    python bench/roofline.py --preset cpu-sweep --dp 32 --threads 1 --repeats 10
+    python bench/roofline.py --preset cpu-small --dp 64 --threads 2 --repeats 10 --set train.precision=bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from common import fmt_ci, machine, matmul_peak, rotated
+
+from plelab.config import resolve_config
+from plelab.data.pipeline import prepare_data
+from plelab.precision import time_gemms
+from plelab.runs import make_trainer
+from plelab.runtime import setup_torch
+from plelab.training.run_precision import run_gemms
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="cpu-sweep")
+    ap.add_argument("--dp", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--block", type=int, default=3, help="training steps per repeat")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    args = ap.parse_args()
+    setup_torch(args.threads)
+    sets = ["train.checkpoint_every=0", "train.eval_every=1000000", "train.diag_every=0",
+            f"train.threads={args.threads}", *args.overrides]
+    cfg = resolve_config(args.preset, sets, dp=args.dp, steps=args.repeats * args.block + 10)
+    trainer = make_trainer(cfg, prepare_data(cfg, progress=False), None, progress=False, log=lambda *a: None)
+    gemms = run_gemms(cfg, trainer.micro_batch) * cfg.train.grad_accum
+    flops = sum(2 * m * k * n for m, k, n in gemms)
+    for _ in range(2):
+        trainer.train_step()
+
+    def steps() -> float:
+        times = []
+        for _ in range(args.block):
+            t0 = time.perf_counter()
+            trainer.train_step()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    parts = {"fp32 GEMMs": lambda: time_gemms(gemms, torch.float32, 1),
+             "bf16 GEMMs": lambda: time_gemms(gemms, torch.bfloat16, 1),
+             "fp32 peak": lambda: matmul_peak(reps=3), "bf16 peak": lambda: matmul_peak(reps=3, dtype=torch.bfloat16),
+             "step": steps}
+    got: dict[str, list[float]] = {k: [] for k in parts}
+    for r in range(args.repeats):
+        for k in rotated(list(parts), r):
+            got[k].append(parts[k]())
+    print(f"{args.preset} dP={args.dp}, precision {trainer.precision.resolved} ({trainer.precision.reason}); "
+          f"{machine()}")
+    print(f"{len(gemms)} GEMMs per step, {flops / 1e9:.2f} GFLOP; {args.repeats} repeats, rotated order")
+    print("| quantity | median | GFLOP/s |")
+    print("|---|---|---|")
+    for k in ("fp32 GEMMs", "bf16 GEMMs", "step"):
+        med = statistics.median(got[k])
+        print(f"| {k} | {med * 1e3:.1f} ms | {flops / med / 1e9:.1f} |")
+    for k in ("fp32 peak", "bf16 peak"):
+        print(f"| 4096² GEMM, {k.split()[0]} | | {statistics.median(got[k]) / 1e9:.1f} |")
+    for k in ("fp32 GEMMs", "bf16 GEMMs"):
+        eff = [g / s for g, s in zip(got[k], got["step"])]
+        print(f"step efficiency vs the {k.split()[0]} shape-matched roofline: {fmt_ci(eff, 100, 1, '%')}")
+    ratio = [a / b for a, b in zip(got["fp32 GEMMs"], got["bf16 GEMMs"])]
+    print(f"bf16 over fp32 on these shapes: {fmt_ci(ratio, 1, 2, '×')} (the precision probe needs ≥ 1.25×)")
+
+
+if __name__ == "__main__":
+    main()
