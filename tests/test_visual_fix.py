@@ -128,6 +128,9 @@ def test_fix_design_runs_and_reports_the_2x2(tmp_path, capsys):
     assert fams["fix: table on, λ=1"][0]["a"] == "oracle" and fams["fix: table off, λ=1"][0]["a"] == "none"
     rows = {r["method"]: r for r in data["analysis"]["rows"]}
     assert math.isfinite(rows["oracle.lv1"]["visual_loss"][0]) and rows["oracle"]["visual_loss"][0] is None
+    (inter,) = data["analysis"]["interactions"]["content"]["1"]  # 2 seeds: the interaction of the one tokenizer
+    assert (inter["a"], inter["b"], inter["n"]) == ("oracle.notable.lv1 − none", "oracle.lv1 − oracle", 2)
+    assert "The fix as an interaction" in md and "\n| oracle | 1 | " in md.split("The fix as an interaction")[1]
     for bad in ("0", "0.5,x"):
         assert main(["visual-study", "--quick", "--design", "fix", "--lambdas", bad, "--out", str(tmp_path / "y")]) == 2
         assert "--lambdas" in capsys.readouterr().err
@@ -158,3 +161,28 @@ def test_ablation_design_withholds_features(tmp_path):
     assert "visual.features=false" in spec["overrides"]
     assert [a["name"] for a in spec["arms"]] == ["none", "oracle", "oracle.layer0"]
     assert "Redundancy ablation" in (out / "report" / "report.md").read_text()
+
+
+def test_the_fix_interaction_is_found_where_it_is_and_not_where_it_is_not():
+    """Synthetic 2×2s, paired by seed: tokenizer A's L_visual helps only with the table on (a true interaction of
+    −0.15), B's helps equally with and without it (none); a shared seed effect, which pairing removes."""
+    import numpy as np
+
+    from plelab.sweeps import stats
+    from plelab.visual.study import interaction_family
+
+    rng = np.random.default_rng(0)
+    seed_effect = {s: rng.normal(0, 0.3) for s in range(8)}
+
+    def arm(mu):
+        return {s: mu + seed_effect[s] + rng.normal(0, 0.005) for s in seed_effect}
+    values = {"none": arm(2.0), "A": arm(1.9), "A.lv1": arm(1.7), "A.notable.lv1": arm(1.95),
+              "B": arm(1.9), "B.lv1": arm(1.85), "B.notable.lv1": arm(1.95)}
+    cells = [("A.lv1", "A", "A.notable.lv1", "none"), ("B.lv1", "B", "B.notable.lv1", "none")]
+    a, b = interaction_family(values, cells, delta=0.02, alpha=0.05)
+    assert (a.a, a.b) == ("A.notable.lv1 − none", "A.lv1 − A") and a.n == 8
+    # the planted −0.15, within 4 standard errors of the design (4 arms × noise 0.005: sd 0.01 per seed, se 0.0035)
+    assert abs(a.mean + 0.15) < 4 * 0.01 / math.sqrt(a.n) and a.label == stats.DROP
+    assert b.ci_low < 0 < b.ci_high and b.label == stats.EQUIVALENT and b.m_family == 2
+    values.pop("B.notable.lv1")  # a cell with an arm missing is left out, the rest still tested
+    assert [c.b for c in interaction_family(values, cells, 0.02, 0.05)] == ["A.lv1 − A"]

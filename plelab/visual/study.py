@@ -152,6 +152,46 @@ def paired_family(res: SweepResults, pairs: list[tuple[str, str]], metric: str) 
     return comps
 
 
+def interaction_family(values: dict[str, dict[int, float]], cells: list[tuple[str, str, str, str]], delta: float,
+                       alpha: float) -> list[stats.Comparison]:
+    """The fix's interaction for each cell ``(on_λ, on_0, off_λ, off_0)``, paired by seed, as one Holm family:
+
+        I = [y(on_λ) − y(on_0)] − [y(off_λ) − y(off_0)]
+
+    (what L_visual does with the visual table on, minus what it does with the table off), from the seeds all
+    four arms ran (≥ 2). Each comparison's ``a`` names the table-off difference and ``b`` the table-on one, so
+    its mean is ``b − a`` = I; labels as for any paired difference (a negative I: the fix helps more with the
+    table than without it)."""
+    items = []
+    for on_l, on_0, off_l, off_0 in cells:
+        arms = (on_l, on_0, off_l, off_0)
+        if not all(a in values for a in arms):
+            continue
+        seeds = sorted(set.intersection(*(set(values[a]) for a in arms)))
+        if len(seeds) < 2:
+            continue
+        diffs = [(values[on_l][s] - values[on_0][s]) - (values[off_l][s] - values[off_0][s]) for s in seeds]
+        items.append((f"{off_l} − {off_0}", f"{on_l} − {on_0}", diffs))
+    comps = [stats.paired(a, b, d, delta, alpha, m=len(items)) for a, b, d in items]
+    stats.family(comps, steps=False)
+    return comps
+
+
+def fix_interactions(res: SweepResults, metric: str) -> dict[str, list[dict]]:
+    """Per λ of the ``fix`` design: :func:`interaction_family` over the tokenizers (table off and λ = 0 is the
+    no-table arm, ``res.spec.baseline``)."""
+    values = {arm: {s: v for s, r in by_seed.items() if math.isfinite(v := _metric(r, metric))}
+              for arm, by_seed in res.runs.items()}
+    cells: dict[str, list[tuple[str, str, str, str]]] = {}
+    for arm in res.spec.arms:
+        if arm.family.startswith("fix: table on, λ="):
+            lam = arm.family.split("λ=")[1]
+            cells.setdefault(lam, []).append((arm.name, arm.reference, f"{arm.reference}.notable.lv{lam}",
+                                              res.spec.baseline))
+    return {lam: [c.to_dict() for c in interaction_family(values, cs, res.spec.delta, res.spec.alpha)]
+            for lam, cs in cells.items()}
+
+
 def _paired(res: SweepResults, metric: str) -> list[stats.Comparison]:
     """Every method against ``none``."""
     base = res.spec.baseline
@@ -230,6 +270,7 @@ def visual_analysis(res: SweepResults) -> dict:
             "content_vs_none": [c.to_dict() for c in con], "sensitivity": sensitivity,
             "online_vs_frozen": {m: [c.to_dict() for c in online_vs_frozen(res, m)] for m in ("caption", "content")},
             "references": {m: reference_families(res, m) for m in ("caption", "content")},
+            "interactions": {m: fix_interactions(res, m) for m in ("caption", "content")},
             "missing": res.missing}
 
 
