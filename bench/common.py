@@ -15,7 +15,6 @@ import torch
 from scipy import stats
 
 from plelab.precision import cpu_model
-from plelab.runtime import allocator
 
 
 def matmul_peak(n: int = 4096, reps: int = 5, dtype: torch.dtype = torch.float32) -> float:
@@ -57,4 +56,4 @@ def machine() -> str:
     import platform
 
     return (f"{os.cpu_count()} CPUs ({cpu_model()}), torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, Python {platform.python_version()}, allocator: {allocator()}")
+            f"{torch.get_num_threads()} threads, Python {platform.python_version()}")

@@ -51,7 +51,8 @@ def step_fn(model, x, y, hf: bool):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=False)
 
     def step():
-        out = model(input_ids=x, labels=x) if hf else model(x, targets=y)  # HF shifts labels; targets are shifted
+        # HF shifts labels; plelab's targets are shifted, and its loss runs as the trainer's (the head in chunks)
+        out = model(input_ids=x, labels=x) if hf else model(x, targets=y, return_logits=False)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -111,7 +111,7 @@ def resolve_precision(requested: str, device: torch.device, gemms: Sequence[tupl
     current ``torch.get_num_threads()`` by ``probe`` (default :func:`probe_bf16`). See the module docstring for
     the rule."""
     if requested in ("fp32", "bf16"):
-        return PrecisionChoice(requested, requested, "set explicitly")
+        return PrecisionChoice(requested, requested, f"train.precision={requested} in the config")
     if device.type == "cuda":
         return PrecisionChoice(requested, "bf16", "auto on CUDA")
     if device.type != "cpu":
@@ -137,7 +137,7 @@ def study_precision(requested: str, device: torch.device) -> PrecisionChoice:
     ``fp32`` / ``bf16`` is kept.
     """
     if requested in ("fp32", "bf16"):
-        return PrecisionChoice(requested, requested, "set explicitly")
+        return PrecisionChoice(requested, requested, f"train.precision={requested} in the config")
     if device.type == "cuda":
         return PrecisionChoice(requested, "bf16", "auto on CUDA")
     return PrecisionChoice(requested, "fp32", "auto: a CPU study trains in fp32 until paired runs show bf16's "

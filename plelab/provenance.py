@@ -13,7 +13,6 @@ import torch
 
 import plelab
 from plelab.precision import cpu_model
-from plelab.runtime import allocator
 
 
 def git_commit() -> str | None:
@@ -33,7 +32,7 @@ def git_commit() -> str | None:
 def versions() -> dict[str, str]:
     return {"plelab": plelab.__version__, "python": platform.python_version(), "torch": torch.__version__,
             "numpy": numpy.__version__, "tokenizers": tokenizers.__version__, "platform": sys.platform,
-            "cpu": cpu_model(), "allocator": allocator()}
+            "cpu": cpu_model()}
 
 
 def provenance(cfg, corpus_fingerprint: str | None) -> dict:

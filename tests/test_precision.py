@@ -1,6 +1,6 @@
 """Precision: ``train.precision=auto`` resolved per machine and shape (CPU flags mocked, so CI's own CPU does not
 decide), once per run and once per study, recorded and kept on resume; bf16 training deterministic and exactly
-resumable; attention fp32 under CPU autocast; the chunked LM-head loss equal to the plain one; the heap allocator."""
+resumable; attention fp32 under CPU autocast; the chunked LM-head loss equal to the plain one."""
 
 import json
 import os
@@ -17,7 +17,7 @@ from plelab.config import resolve_config
 from plelab.model import build_model
 from plelab.precision import BF16_MARGIN, resolve_precision, study_precision
 from plelab.runs import make_trainer
-from plelab.sweeps.runner import run_config
+from plelab.sweeps.runner import RunJob, _precision_line, run_config
 from plelab.sweeps.spec import Arm, SweepSpec
 
 CPU = torch.device("cpu")
@@ -63,6 +63,9 @@ def test_a_study_resolves_once_for_every_arm_and_keeps_fp32_on_cpu(monkeypatch):
                                              Arm("bf16", ["ple.dim=16", "train.precision=bf16"])])
     got = {a.name: run_config(spec, a, 0).train.precision for a in spec.arms}
     assert got == {"dp0": "fp32", "dp16": "fp32", "bf16": "bf16"}  # an arm's own explicit value is kept
+    jobs = [RunJob(a, 0, Path("unused"), run_config(spec, a, 0)) for a in spec.arms]
+    line = _precision_line(spec, jobs)  # what run_sweep prints once
+    assert line.startswith("precision fp32 (auto: a CPU study trains in fp32") and line.endswith("own: bf16")
 
 
 def _trainer(tmp_path, tiny_data, *sets, resume=False):
@@ -172,17 +175,14 @@ def test_the_chunked_head_loss_equals_the_plain_one(dp):
             assert torch.allclose(g_chunked[name], g_plain[name], atol=1e-7, rtol=1e-4), name
 
 
-def _allocator_in(env: dict) -> subprocess.CompletedProcess:
-    code = "from plelab.runtime import setup_torch, allocator; setup_torch(1); print(allocator())"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})
+def test_window_losses_through_the_chunked_head_equal_the_logits_path():
+    from plelab.model.losses import window_losses
 
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the heap setting is glibc's")
-def test_the_heap_allocator_is_set_recorded_and_can_be_left_alone():
-    heap = _allocator_in({})
-    assert heap.returncode == 0 and (heap.stdout.startswith("glibc") or "not glibc" in heap.stdout)
-    system = _allocator_in({"PLELAB_MALLOC": "system"})
-    assert system.stdout.strip() == "system (PLELAB_MALLOC=system)"
-    bad = _allocator_in({"PLELAB_MALLOC": "jemalloc"})
-    assert bad.returncode != 0 and "PLELAB_MALLOC='jemalloc' is not a choice" in bad.stderr
+    cfg = resolve_config("cpu-tiny", dp=16)
+    model = build_model(cfg.model, cfg.ple, seed=2)
+    windows = torch.randint(0, 512, (6, 65), generator=torch.Generator().manual_seed(3))
+    got = window_losses(model, windows, 4, CPU)
+    with torch.no_grad():
+        logits = model(windows[:, :-1]).logits
+        want = F.cross_entropy(logits.transpose(1, 2), windows[:, 1:], reduction="none").mean(1).double()
+    assert got.shape == (6,) and torch.allclose(got, want, atol=2e-6, rtol=0)

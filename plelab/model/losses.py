@@ -13,9 +13,11 @@ CHUNKED_LOSS = hasattr(F, "linear_cross_entropy")  # torch's fused head + CE; ol
 LOSS_CHUNK_ROWS = 512  # rows of [N, V] logits per chunk (measured: 256–1024 tie, BENCHMARKS.md "Chunked loss")
 
 
-def head_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token CE of ``hidden [..., H]`` through the LM head ``weight [V, H]`` against ``targets [...]``
-    (-100 ignored), in fp32.
+def head_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                       reduction: str = "mean") -> torch.Tensor:
+    """Next-token CE of ``hidden [..., H]`` through the LM head ``weight [V, H]`` against ``targets [...]``
+    (-100 ignored), in fp32: the mean, or with ``reduction="none"`` one value per position ``[N]`` (``N`` = the
+    positions of ``targets``, flattened).
 
     Without autocast: ``torch.nn.functional.linear_cross_entropy`` in chunks of ``LOSS_CHUNK_ROWS`` rows, its
     gradients made chunk by chunk in the forward, so the ``[N, V]`` logits and their gradient never exist
@@ -25,11 +27,12 @@ def head_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torc
     device = hidden.device.type
     if torch.is_autocast_enabled(device) or not CHUNKED_LOSS:
         logits = F.linear(hidden, weight).float()
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
+                               reduction=reduction)
     options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=LOSS_CHUNK_ROWS, chunking_method=None,
                                                  acc_policy="compact")
     return F.linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1),
-                                  ignore_index=-100, options=options)
+                                  ignore_index=-100, reduction=reduction, options=options)
 
 
 @torch.no_grad()
@@ -38,7 +41,9 @@ def window_losses(model: nn.Module, windows: torch.Tensor, batch: int, device: t
     """Per-window mean next-token CE ``[N]`` of ``windows [N, T+1]``, ``batch`` windows per forward.
 
     ``iid``: the null control's id frequencies (``ple.ids='iid'``); its draws are seeded per chunk, so two
-    evaluations of the same windows are paired.
+    evaluations of the same windows are paired. A plelab LM (one with ``output_weight()``) is scored through its
+    chunked head (``return_logits=False, loss_reduction="none"``: no ``[b, T, V]`` logits); any other causal LM
+    through its logits.
     """
     was = model.training
     model.eval()
@@ -49,8 +54,12 @@ def window_losses(model: nn.Module, windows: torch.Tensor, batch: int, device: t
         ids = None
         if iid is not None:
             ids = iid.draw(inputs, torch.Generator(device=iid.probs.device).manual_seed(1_000_003 + i))
-        logits = (model(inputs) if ids is None else model(inputs, table_ids=ids)).logits.float()
-        ce = F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")
+        kw = {} if ids is None else {"table_ids": ids}
+        if hasattr(model, "output_weight"):  # through forward, so that FSDP2's and users' hooks run
+            ce = model(inputs, targets=chunk[:, 1:], return_logits=False, loss_reduction="none", **kw).loss
+        else:
+            logits = model(inputs, **kw).logits.float()
+            ce = F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")
         out.append(ce.mean(1).cpu())
     model.train(was)
     return torch.cat(out).double()

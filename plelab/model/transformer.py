@@ -157,7 +157,7 @@ class PLECausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, *,
                 targets: torch.Tensor | None = None, table_ids: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None, token_part: torch.Tensor | None = None,
-                past_key_values=None, return_logits: bool = True) -> CausalLMOutput:
+                past_key_values=None, return_logits: bool = True, loss_reduction: str = "mean") -> CausalLMOutput:
         """``input_ids [B,T]`` -> logits ``[B,T,V]`` and, given targets, the mean next-token CE.
 
         ``labels [B,T]`` follow HF: aligned with ``input_ids`` and shifted inside (position t predicts
@@ -165,7 +165,8 @@ class PLECausalLM(nn.Module):
         are already shifted (nanoGPT's convention: position t predicts ``targets[t]``), as the trainer passes
         ``window[:, :-1]`` / ``window[:, 1:]``. ``return_logits=False`` (with labels or targets) computes the
         loss through the head in row chunks (:func:`~plelab.model.losses.head_cross_entropy`: no ``[B,T,V]``
-        logits, the same loss up to summation order) and returns ``logits=None``, as the trainer does.
+        logits, the same loss up to summation order) and returns ``logits=None``, as the trainer does;
+        ``loss_reduction="none"`` makes the loss one value per scored position, ``[B, T]`` (``[B, T−1]`` with labels).
         ``table_ids``, ``inputs_embeds``, ``token_part``, ``past_key_values``: see :meth:`PLETextModel.forward`
         (the cache comes back in the output).
         """
@@ -175,12 +176,22 @@ class PLECausalLM(nn.Module):
         shift = labels is not None  # position t predicts labels[t + 1]
         if shift:
             targets = labels[:, 1:]
+        if loss_reduction not in ("mean", "none"):
+            raise ValueError(f"loss_reduction={loss_reduction!r}: use 'mean' or 'none'")
         if not return_logits and targets is not None:
-            loss = head_cross_entropy(hidden[:, :-1] if shift else hidden, self.output_weight(), targets)
-            return CausalLMOutput(logits=None, loss=loss, past_key_values=past_key_values)
+            loss = head_cross_entropy(hidden[:, :-1] if shift else hidden, self.output_weight(), targets,
+                                      reduction=loss_reduction)
+            return CausalLMOutput(logits=None, loss=_per_position(loss, targets, loss_reduction),
+                                  past_key_values=past_key_values)
         logits = F.linear(hidden, self.output_weight())
         loss = None
         if targets is not None:
             scored = (logits[:, :-1] if shift else logits).float()
-            loss = F.cross_entropy(scored.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+            loss = F.cross_entropy(scored.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
+                                   reduction=loss_reduction)
+            loss = _per_position(loss, targets, loss_reduction)
         return CausalLMOutput(logits=logits, loss=loss, past_key_values=past_key_values)
+
+
+def _per_position(loss: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:
+    return loss.view(targets.shape) if reduction == "none" else loss

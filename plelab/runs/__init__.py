@@ -67,8 +67,9 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, *, data=None, resum
         data = prepare_data(cfg, progress=progress, dist=dist) if data is None else data
         entropy = data.unigram_entropy(cfg.model.vocab_size)
         say(f"{cfg.preset} dP={cfg.ple.dim}: {describe_data(cfg, data)}; validation unigram entropy {entropy:.3f} nats")
-        result = make_trainer(cfg, data, out_dir, resume=resume, progress=progress, log=say,
-                              observers=observers).fit()
+        trainer = make_trainer(cfg, data, out_dir, resume=resume, progress=progress, log=say, observers=observers)
+        say(f"precision {trainer.precision.resolved} ({trainer.precision.reason})")
+        result = trainer.fit()
         if result.val_history:
             where = f"; run in {out_dir}" if out_dir is not None else ""
             say(f"final validation loss {result.final_val_loss:.4f} nats; unigram entropy {entropy:.3f} "

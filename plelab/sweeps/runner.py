@@ -36,7 +36,7 @@ from plelab.precision import study_precision
 from plelab.runs import make_trainer, prepare_data, warm_caches
 from plelab.runtime import available_cores, resolve_device
 from plelab.sweeps.spec import Arm, SweepSpec, run_dir, save_spec
-from plelab.training.run_precision import with_precision
+from plelab.training.run_precision import legacy_precision, with_precision
 
 
 @dataclass
@@ -164,6 +164,17 @@ def say(*args) -> None:
     print(*args, flush=True)  # visible at once in a redirected log of a long sweep
 
 
+def _precision_line(spec: SweepSpec, jobs: list[RunJob]) -> str:
+    """What the study trains in, once: the study rule on the sweep's own settings, and the arms that differ."""
+    base = resolve_config(spec.preset, spec.overrides, steps=spec.steps)
+    device = resolve_device(base.train.device)
+    choice = study_precision(base.train.precision, device)
+    # a run started before precision was resolved recorded "auto" (fp32 on CPU, bf16 on CUDA)
+    other = sorted({j.arm.name for j in jobs if legacy_precision(j.cfg.train.precision, device) != choice.resolved})
+    return (f"precision {choice.resolved} ({choice.reason})" +
+            (f"; arms with their own: {', '.join(other)}" if other else ""))
+
+
 def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool = True, log=say) -> list[RunJob]:
     """Run every unfinished run of ``spec`` in ``root``; return all runs. Raises if any run failed."""
     root = Path(root)
@@ -173,6 +184,7 @@ def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool =
         done = len(all_jobs) - len(todo)
         log(f"sweep {root}: {len(all_jobs)} runs ({len(spec.runnable())} arms × {len(spec.seeds)} seeds), "
             f"{done} already done, {len(todo)} to run" + (f" in {jobs} worker processes" if jobs > 1 and todo else ""))
+        log(_precision_line(spec, all_jobs))
         bar = tqdm(total=len(all_jobs), initial=done, desc="sweep runs", unit="run", disable=not progress,
                    dynamic_ncols=True)
         try:

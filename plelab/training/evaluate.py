@@ -4,9 +4,9 @@ The model comes from :func:`plelab.training.loading.load_for_eval` (trunk on ``-
 from ``model.safetensors`` on the host unless ``--table-in-memory``); the windows are the run's own
 validation windows from its corpus: by default exactly those the trainer evaluated on
 (``train.eval_batches × train.batch_size`` windows of ``train.seq_len``, in the run's micro-batches and
-precision), so that the final checkpoint reproduces the run's last validation loss (bf16 follows the
-device eval runs on, as in training: a GPU run evaluated on CPU is evaluated in fp32). A corpus that no
-longer matches the run's fingerprint is refused.
+precision), so that the final checkpoint reproduces the run's last validation loss (in the precision the run
+recorded, except that a bf16 run evaluated on a CPU without bf16 matrix instructions is evaluated in fp32). A
+corpus that no longer matches the run's fingerprint is refused.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from plelab.data.tokens import val_windows
 from plelab.errors import ConfigError, PlelabError
 from plelab.model.losses import window_losses
 from plelab.model.ple import IIDTableIds
-from plelab.runtime import resolve_device, setup_torch, uses_bf16
+from plelab.precision import cpu_bf16_flags
+from plelab.runtime import resolve_device, setup_torch
 from plelab.training.checkpoint import read_state
 from plelab.training.loading import checkpoint_of, load_for_eval
+from plelab.training.run_precision import legacy_precision
 
 
 def evaluate(path: str | Path, *, device: str = "auto", windows: int | None = None, batch: int | None = None,
@@ -55,7 +57,8 @@ def evaluate(path: str | Path, *, device: str = "auto", windows: int | None = No
     chosen = val_windows(data.val, cfg.train.seq_len, n)
     # as the trainer evaluates: its micro-batch (the i.i.d. null's draws are seeded per chunk) and precision
     batch = batch or max(1, cfg.train.batch_size // (cfg.train.grad_accum * state.get("world_size", 1)))
-    bf16 = uses_bf16(cfg.train.precision, device)
+    # the precision the run recorded; on a CPU without bf16 units bf16 is emulated (≈ 8× slower): fp32 there
+    bf16 = legacy_precision(cfg.train.precision, device) == "bf16" and (device.type != "cpu" or bool(cpu_bf16_flags()))
     with torch.no_grad(), (torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()):
         losses = window_losses(model, chosen, batch, device, iid)
     table = model.model.embed_tokens_per_layer.weight if cfg.ple.enabled else None
