@@ -51,10 +51,11 @@ PROFILES = {
                                                                  "train.checkpoint_every=0"], about="≤ 2 minutes",
                      visual=True),
     "study": Profile("cpu-sweep", [0, 8, 16, 32, 64], 6, 2000,
-                     controls=["frozen", "zero", "matched", "table-lr", "boost"],
+                     controls=["frozen", "zero", "iid", "matched", "table-lr", "boost"],
                      overrides=["train.eval_every=100", "train.early_checkpoint=400", "train.checkpoint_every=500",
                                 "train.diag_every=100", "train.warmup_steps=100"], about="hours on a CPU"),
-    "study-gpu": Profile("gpu-125m", [0, 32, 64, 128, 256], 3, 5000, controls=["frozen", "zero", "matched", "boost"],
+    "study-gpu": Profile("gpu-125m", [0, 32, 64, 128, 256], 3, 5000,
+                         controls=["frozen", "zero", "iid", "matched", "boost"],
                          overrides=["train.early_checkpoint=1000", "train.checkpoint_every=1000"],
                          about="one GPU, ≈a day"),
 }

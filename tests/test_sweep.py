@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -55,10 +56,19 @@ def test_pairing_same_trunk_and_data_order_across_arms(tiny_data):
 
 
 def test_controls_change_only_what_they_claim(tiny_data):
-    spec = _spec(arms=dp_arms([0, 16], ["frozen", "zero", "matched", "table-lr", "boost"]))
+    spec = _spec(arms=dp_arms([0, 16], ["frozen", "zero", "iid", "matched", "table-lr", "boost"]))
     names = [a.name for a in spec.arms]
-    assert names == ["dp0", "dp16", "dp16-frozen", "dp16-zero", "dp16-matched", "dp16-tablelr-third",
+    assert names == ["dp0", "dp16", "dp16-frozen", "dp16-zero", "dp16-iid", "dp16-matched", "dp16-tablelr-third",
                      "dp16-tablelr-x3", "dp16-boost"]
+
+    def changed(arm: str) -> dict:
+        ref, ctl = (run_config(spec, spec.arm(a), 0).to_dict() for a in ("dp16", arm))
+        return {f"{sec}.{k}": v for sec in ref if isinstance(ref[sec], dict)
+                for k, v in ctl[sec].items() if ref[sec][k] != v}
+    # each control changes exactly the keys it claims against its reference
+    assert changed("dp16-iid") == {"ple.ids": "iid"} and changed("dp16-frozen") == {"ple.table": "frozen"}
+    assert changed("dp16-zero") == {"ple.table": "zero"} and changed("dp16-boost") == {"ple.table_scale": 4.0}
+
     assert spec.arm("dp16-matched").alias_of == "dp16"  # the reference dP: same config, not rerun
     zero = build_model(*(lambda c: (c.model, c.ple))(run_config(spec, spec.arm("dp16-zero"), 0)), seed=0)
     assert not zero.model.embed_tokens_per_layer.weight.requires_grad
@@ -71,6 +81,26 @@ def test_controls_change_only_what_they_claim(tiny_data):
     assert groups["ple_table"] == pytest.approx(groups["decay"] / 3, rel=1e-5)
     matched = run_config(_spec(arms=dp_arms([0, 8, 32], ["matched"])), dp_arms([0, 8, 32], ["matched"])[-1], 0)
     assert matched.ple.dim == 32 and matched.ple.embed_scale == pytest.approx(8 ** 0.5)
+
+
+def test_trunk_controls_spend_what_ple_adds_on_a_wider_ffn():
+    from plelab.model.accounting import closed_form_counts, flops_per_token
+    from plelab.sweeps.commands import dp_spec
+
+    spec = dp_spec(preset="cpu-sweep", dp=[0, 8, 32], controls=["trunk-params", "trunk-flops"], control_dp=32)
+    cfgs = {a.name: run_config(spec, a, 0) for a in spec.arms}
+    assert set(cfgs) == {"dp0", "dp8", "dp32", "dp32-trunk-params", "dp32-trunk-flops"}
+    params = {k: sum(closed_form_counts(c.model, c.ple).values()) for k, c in cfgs.items()}
+    flops = {k: flops_per_token(c.model, c.ple, c.train.seq_len) for k, c in cfgs.items()}
+    H, L = cfgs["dp0"].model.hidden_size, cfgs["dp0"].model.num_hidden_layers
+    assert abs(params["dp32-trunk-params"] - params["dp32"]) <= 3 * H * L / 2  # the nearest whole FFN width
+    assert abs(flops["dp32-trunk-flops"] - flops["dp32"]) <= 18 * H * L / 2
+    for name, c in cfgs.items():  # no PLE, only the FFN wider; everything else as the baseline
+        if name.startswith("dp32-trunk"):
+            assert not c.ple.enabled and c.model.intermediate_size > cfgs["dp0"].model.intermediate_size
+            assert dataclasses.replace(c.model, intermediate_size=1) == dataclasses.replace(cfgs["dp0"].model,
+                                                                                            intermediate_size=1)
+            assert spec.arm(name).reference == "dp32"
 
 
 def test_frozen_table_is_not_trained(sweep_dir):

@@ -14,6 +14,7 @@ Three views of one model, cross-checked against each other:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -90,6 +91,19 @@ def closed_form_counts(mc: ModelConfig, pc: PLEConfig) -> dict[str, int]:
         per_layer = {"gemma": 2 * H * dP + H, "scalar": H * dP + 1, "vector": H * dP + H, "none": H * dP}[pc.gate]
         c["ple_per_layer"] = per_layer * L
     return c
+
+
+def matched_trunk(mc: ModelConfig, pc: PLEConfig, seq_len: int, match: str) -> ModelConfig:
+    """The PLE-free trunk whose wider FFN spends what PLE at ``pc`` adds: ``match="params"`` equal total
+    parameters, ``"flops"`` equal training FLOPs per token (both linear in ``intermediate_size``: the nearest
+    integer width). The baseline a PLE gain must beat to be worth its parameters or its compute."""
+    off = dataclasses.replace(pc, dim=0)
+    per_unit = {"params": 3 * mc.hidden_size * mc.num_hidden_layers,  # gate, up, down: H·F each, per layer
+                "flops": 6 * 3 * mc.hidden_size * mc.num_hidden_layers}[match]
+    cost = {"params": lambda m, p: sum(closed_form_counts(m, p).values()),
+            "flops": lambda m, p: flops_per_token(m, p, seq_len)}[match]
+    extra = round((cost(mc, pc) - cost(mc, off)) / per_unit)
+    return dataclasses.replace(mc, intermediate_size=mc.intermediate_size + extra)
 
 
 def matmul_params(mc: ModelConfig, pc: PLEConfig) -> int:

@@ -14,7 +14,8 @@ from plelab.sweeps.results import SweepResults
 from plelab.sweeps.stats import t_quantile
 
 _FAMILY_STYLE = {"dP": ("C0", "o", "main (Gemma)"), "frozen": ("C1", "s", "table frozen"),
-                 "zero": ("C2", "^", "table zeroed"), "matched": ("C3", "D", "scale-matched")}
+                 "zero": ("C2", "^", "table zeroed"), "matched": ("C3", "D", "scale-matched"),
+                 "iid": ("C4", "v", "i.i.d. ids")}
 
 
 def _ci(values: list[float]) -> tuple[float, float]:
@@ -29,7 +30,7 @@ def _curves(res: SweepResults) -> dict[str, list]:
     """family -> [(x, added params, arm name)] with the baseline first."""
     base = res.spec.baseline
     out = {}
-    for fam in ("dP", "frozen", "zero", "matched"):
+    for fam in ("dP", "frozen", "zero", "iid", "matched"):
         arms = sorted((a for a in res.spec.arms if a.family == fam and a.x > 0 and a.name in res.runs),
                       key=lambda a: a.x)
         if arms:

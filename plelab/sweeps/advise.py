@@ -129,11 +129,12 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
     if choice != best:
         lines.append(f"  The best-measured dP={best} costs +{acc[name[best]]['added'] - acc[name[choice]]['added']:,} "
                      f"more parameters; dP={choice} is shown to be worse than it by less than δ.")
-    for kind in ("zero", "frozen"):
+    for kind in ("zero", "frozen", "iid"):
         control = spec.at(kind, choice)
         c = next((c for c in analysis["controls"] if c["b"] == control), None) if control else None
         if c is not None and c["ci_low"] is not None and name[choice] in vs:
-            what = "zeroed (only the per-layer matrices left)" if kind == "zero" else "frozen at its random init"
+            what = {"zero": "zeroed (the main embedding re-injected into every layer)", "frozen": "frozen at its "
+                    "random init", "iid": "looked up by i.i.d. ids (no token information)"}[kind]
             rest = vs[name[choice]]["mean"] + c["mean"]
             lines.append(f"  With the table {what}, the loss at dP={choice} is {c['mean']:+.4f} [{c['ci_low']:+.4f}, "
                          f"{c['ci_high']:+.4f}] higher ('{c['label']}'): the learned table's own share; {rest:+.4f} "

@@ -125,12 +125,12 @@ def confounds(res: SweepResults, consecutive: list[stats.Comparison], curves: di
                          + (f" (≈{need} seeds would detect a difference of δ)" if need else ""))
     ctrl = {c.b: c for c in controls}
     for arm in res.spec.arms:
-        if arm.family not in ("frozen", "zero") or arm.reference not in vs_base:
+        if arm.family not in CONTROL_WHAT or arm.reference not in vs_base:
             continue
         main, against = vs_base[arm.reference], ctrl.get(arm.name)
         if main.label not in (stats.DROP, stats.SMALL_DROP) or against is None:
             continue
-        what = "frozen at its random init" if arm.family == "frozen" else "zeroed"
+        what = CONTROL_WHAT[arm.family]
         # against = control − learned: a significant rise means the learned table beats the control
         if against.label in (stats.RISE, stats.SMALL_RISE):
             notes.append(f"dP={int(arm.x)}: the gain vs baseline ({main.mean:+.4f}) needs the learned table: with the "
@@ -144,6 +144,10 @@ def confounds(res: SweepResults, consecutive: list[stats.Comparison], curves: di
                          f"table: with the table {what}, {arm.name} − {arm.reference} = {against.mean:+.4f} "
                          f"('{against.label}')")
     return notes
+
+
+CONTROL_WHAT = {"frozen": "frozen at its random init", "zero": "zeroed (the main embedding re-injected)",
+                "iid": "looked up by i.i.d. ids (no token information)"}
 
 
 def early_vs_final(res: SweepResults) -> dict:
@@ -205,7 +209,7 @@ def analyse(res: SweepResults) -> dict:
     consecutive = _family(res, list(zip(main, main[1:])), methods=methods, name="consecutive")
     controls = _family(res, [(a.reference, a.name) for a in spec.arms if a.reference and a.alias_of is None],
                        steps=False, methods=methods, name="controls")
-    curve_families = sorted({a.family for a in spec.arms if a.family in ("frozen", "zero", "matched")})
+    curve_families = sorted({a.family for a in spec.arms if a.family in ("frozen", "zero", "iid", "matched")})
     curves = {}
     for fam in curve_families:
         names = _curve(res, fam)

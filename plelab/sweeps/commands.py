@@ -7,12 +7,14 @@ the command line. The report is :func:`plelab.reports.sweep.write_report`; advic
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from plelab.config import config_file_overrides, resolve_config
 from plelab.config.resolve import ConfigSource
 from plelab.errors import ConfigError
+from plelab.model.accounting import matched_trunk
 from plelab.sweeps.runner import emit_scripts, run_sweep
 from plelab.sweeps.spec import CONTROLS, SweepSpec, dp_arms, load_spec, merge_spec
 
@@ -66,8 +68,13 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
             positive[len(positive) // 2] if positive else None)
     matched_ref = existing.matched_ref if existing is not None and existing.matched_ref is not None else (
         positive[0] if positive else None)
+    widths = None
+    if control_dp is not None and any(c.startswith("trunk-") for c in controls):
+        with_ple = dataclasses.replace(base.ple, dim=control_dp)
+        widths = {m: matched_trunk(base.model, with_ple, base.train.seq_len, m).intermediate_size
+                  for m in ("params", "flops")}
     arms = dp_arms(dims, controls, control_dp, {k: list(v) for k, v in dict(variants or {}).items()},
-                   matched_ref=matched_ref)
+                   matched_ref=matched_ref, trunk_widths=widths)
     if delta <= 0:
         raise ConfigError(f"--delta must be > 0 (the smallest effect of interest in nats), got {delta}")
     return SweepSpec(preset=preset, overrides=overrides, arms=arms, seeds=seed_values, steps=steps, last_k=last_k,

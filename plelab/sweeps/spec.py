@@ -8,13 +8,19 @@ parameter by name), so the arms are compared in pairs.
 The dP study's arms (:func:`dp_arms`): the main curve ``dp{N}`` (``dp0`` is the baseline),
 optional variants crossed with every dP > 0, and the controls of the seed's open questions:
 
-- ``frozen``: the table kept at its random init (is the small-dP gain regularisation?);
-- ``zero``: the table zeroed and frozen (only the model-level projection path remains);
+- ``frozen``: the table kept at its random init — a fixed random code per token: does *training* the table matter?
+- ``zero``: the table zeroed and frozen — what remains is the main embedding re-injected into every layer through
+  the model-level projection (a value-embedding-like path): is the gain the table's or that path's?
+- ``iid``: the table learned but looked up by ids drawn i.i.d. from the token frequencies (``ple.ids=iid``) —
+  the no-information control: same parameters, same row update statistics, nothing about the token;
 - ``matched``: the table multiplier fixed at sqrt(d_ref) instead of sqrt(dP), so the table's
   share of the per-layer input and its effective step size do not grow with dP;
 - ``table-lr``: the table's learning rate ×⅓ and ×3 at ``control_dp``;
 - ``boost``: the table multiplier ×4 at ``control_dp`` (does the loss move when the signal is
-  made stronger — put ``control_dp`` inside an apparent dead zone).
+  made stronger — put ``control_dp`` inside an apparent dead zone);
+- ``trunk-params`` / ``trunk-flops``: no PLE, the FFN widened to spend what PLE at ``control_dp`` adds in
+  parameters / in training FLOPs per token (``model.accounting.matched_trunk``): would the trunk have used them
+  better?
 
 A sweep may grow (new arms or seeds are added on the next call); an existing arm's
 definition, the preset, the base overrides and the step budget may not change.
@@ -31,7 +37,7 @@ from pathlib import Path
 from plelab.errors import PlelabError
 from plelab.io import check_name, write_json
 
-CONTROLS = ("frozen", "zero", "matched", "table-lr", "boost")
+CONTROLS = ("frozen", "zero", "iid", "matched", "table-lr", "boost", "trunk-params", "trunk-flops")
 SPEC_FILE = "sweep.json"
 BOOST = 4.0
 TABLE_LR_FACTORS = (1 / 3, 3.0)
@@ -102,9 +108,12 @@ def run_dir(root: Path, arm: str, seed: int) -> Path:
 
 
 def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = None,
-            variants: dict[str, list[str]] | None = None, matched_ref: int | None = None) -> list[Arm]:
+            variants: dict[str, list[str]] | None = None, matched_ref: int | None = None,
+            trunk_widths: dict[str, int] | None = None) -> list[Arm]:
     """The dP study's arms (see the module docstring). ``dims`` must include 0 (the baseline);
-    ``control_dp`` defaults to the middle positive dP, ``matched_ref`` to the smallest."""
+    ``control_dp`` defaults to the middle positive dP, ``matched_ref`` to the smallest. ``trunk_widths``: the
+    FFN widths of the ``trunk-params`` / ``trunk-flops`` controls at ``control_dp`` (from
+    :func:`plelab.model.accounting.matched_trunk`; :func:`plelab.sweeps.commands.dp_spec` computes them)."""
     dims = sorted(set(dims))
     if 0 not in dims:
         raise PlelabError("--dp must include 0: the baseline every arm is paired with")
@@ -118,7 +127,10 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
     if reserved:
         raise PlelabError(f"--variant name {reserved[0]!r} is taken by a built-in arm family; choose another name")
     control_dp = positive[len(positive) // 2] if control_dp is None else control_dp
-    if control_dp not in positive and ({"table-lr", "boost"} & set(controls)):
+    trunk = [c for c in controls if c.startswith("trunk-")]
+    if trunk and not all(c.removeprefix("trunk-") in (trunk_widths or {}) for c in trunk):
+        raise PlelabError(f"the {trunk[0]} control needs the matched FFN width (use plelab sweep or dp_spec)")
+    if control_dp not in positive and ({"table-lr", "boost", *trunk} & set(controls)):
         raise PlelabError(f"--control-dp {control_dp} is not one of the swept dP values {positive}")
     arms = [Arm(f"dp{d}", [f"ple.dim={d}"], "dP", d, description="baseline (no PLE)" if d == 0 else f"dP={d}")
             for d in dims]
@@ -127,10 +139,15 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
                      description=f"dP={d} with {' '.join(extra)}") for d in positive]
     if "frozen" in controls:
         arms += [Arm(f"dp{d}-frozen", [f"ple.dim={d}", "ple.table=frozen"], "frozen", d, reference=f"dp{d}",
-                     description="table frozen at its random init") for d in positive]
+                     description="table frozen at its random init (does training the table matter?)")
+                 for d in positive]
     if "zero" in controls:
         arms += [Arm(f"dp{d}-zero", [f"ple.dim={d}", "ple.table=zero"], "zero", d, reference=f"dp{d}",
-                     description="table zeroed: only the model-level projection path") for d in positive]
+                     description="table zeroed: the main embedding re-injected into every layer (value-embedding-"
+                                 "like path)") for d in positive]
+    if "iid" in controls:
+        arms += [Arm(f"dp{d}-iid", [f"ple.dim={d}", "ple.ids=iid"], "iid", d, reference=f"dp{d}",
+                     description="table looked up by i.i.d. ids: no information about the token") for d in positive]
     if "matched" in controls:
         ref = positive[0] if matched_ref is None else matched_ref
         arms += [Arm(f"dp{d}-matched", [f"ple.dim={d}", f"ple.table_scale_dim={ref}"], "matched", d,
@@ -146,6 +163,11 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
         arms.append(Arm(f"dp{control_dp}-boost", [f"ple.dim={control_dp}", f"ple.table_scale={BOOST:g}"], "boost",
                         control_dp, reference=f"dp{control_dp}",
                         description=f"table multiplier ×{BOOST:g} (stronger injected signal)"))
+    for c in trunk:
+        match, width = c.removeprefix("trunk-"), trunk_widths[c.removeprefix("trunk-")]
+        arms.append(Arm(f"dp{control_dp}-{c}", ["ple.dim=0", f"model.intermediate_size={width}"], c, control_dp,
+                        reference=f"dp{control_dp}", description=f"no PLE, FFN {width} wide: the {match} of PLE at "
+                                                                 f"dP={control_dp} spent on the trunk"))
     names = [check_name(a.name, "arm name") for a in arms]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
@@ -161,7 +183,7 @@ def sweep_command(spec: SweepSpec, root: Path, seeds: int | None = None) -> str:
     controls = [c for c in CONTROLS if c in families]
     if controls:
         parts += ["--controls", ",".join(controls)]
-        if spec.control_dp is not None and {"table-lr", "boost"} & set(controls):
+        if spec.control_dp is not None and {"table-lr", "boost", "trunk-params", "trunk-flops"} & set(controls):
             parts += ["--control-dp", str(spec.control_dp)]
     for fam in sorted(families - set(CONTROLS) - {"dP"}):
         extra = next(a.overrides[1:] for a in spec.arms if a.family == fam)
