@@ -68,6 +68,13 @@ def test_controls_change_only_what_they_claim(tiny_data):
     # each control changes exactly the keys it claims against its reference
     assert changed("dp16-iid") == {"ple.ids": "iid"} and changed("dp16-frozen") == {"ple.table": "frozen"}
     assert changed("dp16-zero") == {"ple.table": "zero"} and changed("dp16-boost") == {"ple.table_scale": 4.0}
+    gates = _spec(arms=dp_arms([0, 8, 16], ["gate-scalar", "gate-vector"]))
+    assert [a.name for a in gates.arms] == ["dp0", "dp8", "dp16", "dp8-gate-scalar", "dp16-gate-scalar",
+                                            "dp8-gate-vector", "dp16-gate-vector"]
+    for gate in ("scalar", "vector"):  # the gate and its recorded init, nothing else
+        ref, ctl = (run_config(gates, gates.arm(a), 0) for a in ("dp16", f"dp16-gate-{gate}"))
+        assert ctl.ple == dataclasses.replace(ref.ple, gate=gate, gate_init=1.0) and ctl.model == ref.model
+        assert "ple.gate_init=1" in gates.arm(f"dp16-gate-{gate}").overrides
 
     assert spec.arm("dp16-matched").alias_of == "dp16"  # the reference dP: same config, not rerun
     zero = build_model(*(lambda c: (c.model, c.ple))(run_config(spec, spec.arm("dp16-zero"), 0)), seed=0)

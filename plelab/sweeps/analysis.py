@@ -209,7 +209,8 @@ def analyse(res: SweepResults) -> dict:
     consecutive = _family(res, list(zip(main, main[1:])), methods=methods, name="consecutive")
     controls = _family(res, [(a.reference, a.name) for a in spec.arms if a.reference and a.alias_of is None],
                        steps=False, methods=methods, name="controls")
-    curve_families = sorted({a.family for a in spec.arms if a.family in ("frozen", "zero", "iid", "matched")})
+    curve_families = sorted({a.family for a in spec.arms
+                             if a.family in ("frozen", "zero", "iid", "matched", "gate-scalar", "gate-vector")})
     curves = {}
     for fam in curve_families:
         names = _curve(res, fam)

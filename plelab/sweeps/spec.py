@@ -18,6 +18,9 @@ optional variants crossed with every dP > 0, and the controls of the seed's open
 - ``table-lr``: the table's learning rate ×⅓ and ×3 at ``control_dp``;
 - ``boost``: the table multiplier ×4 at ``control_dp`` (does the loss move when the signal is
   made stronger — put ``control_dp`` inside an apparent dead zone);
+- ``gate-scalar`` / ``gate-vector``: the seed's learned gate (a scalar or a vector g_l, init ``GATE_INIT``,
+  recorded in the arm's overrides) instead of Gemma's GELU gate, at every dP: under it the seed's "gate stays
+  closed" mechanism can occur, which Gemma's post-norm (fixed branch RMS at any dP) rules out;
 - ``trunk-params`` / ``trunk-flops``: no PLE, the FFN widened to spend what PLE at ``control_dp`` adds in
   parameters / in training FLOPs per token (``model.accounting.matched_trunk``): would the trunk have used them
   better?
@@ -37,10 +40,12 @@ from pathlib import Path
 from plelab.errors import PlelabError
 from plelab.io import check_name, write_json
 
-CONTROLS = ("frozen", "zero", "iid", "matched", "table-lr", "boost", "trunk-params", "trunk-flops")
+CONTROLS = ("frozen", "zero", "iid", "matched", "table-lr", "boost", "gate-scalar", "gate-vector", "trunk-params",
+            "trunk-flops")
 SPEC_FILE = "sweep.json"
 BOOST = 4.0
 TABLE_LR_FACTORS = (1 / 3, 3.0)
+GATE_INIT = 1.0  # the learned gates' initial value in the gate controls (ple.gate_init)
 
 
 @dataclass
@@ -163,6 +168,12 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
         arms.append(Arm(f"dp{control_dp}-boost", [f"ple.dim={control_dp}", f"ple.table_scale={BOOST:g}"], "boost",
                         control_dp, reference=f"dp{control_dp}",
                         description=f"table multiplier ×{BOOST:g} (stronger injected signal)"))
+    for gate in ("scalar", "vector"):
+        if f"gate-{gate}" in controls:
+            arms += [Arm(f"dp{d}-gate-{gate}", [f"ple.dim={d}", f"ple.gate={gate}", f"ple.gate_init={GATE_INIT:g}"],
+                         f"gate-{gate}", d, reference=f"dp{d}",
+                         description=f"the seed's learned {gate} gate (init {GATE_INIT:g}) instead of Gemma's")
+                     for d in positive]
     for c in trunk:
         match, width = c.removeprefix("trunk-"), trunk_widths[c.removeprefix("trunk-")]
         arms.append(Arm(f"dp{control_dp}-{c}", ["ple.dim=0", f"model.intermediate_size={width}"], c, control_dp,
