@@ -15,7 +15,8 @@ from plelab.sweeps.stats import t_quantile
 
 _FAMILY_STYLE = {"dP": ("C0", "o", "main (Gemma)"), "frozen": ("C1", "s", "table frozen"),
                  "zero": ("C2", "^", "table zeroed"), "matched": ("C3", "D", "scale-matched"),
-                 "iid": ("C4", "v", "i.i.d. ids")}
+                 "iid": ("C4", "v", "i.i.d. ids"), "gate-scalar": ("C5", "<", "seed's scalar gate"),
+                 "gate-vector": ("C6", ">", "seed's vector gate")}
 
 
 def _ci(values: list[float]) -> tuple[float, float]:
@@ -30,7 +31,7 @@ def _curves(res: SweepResults) -> dict[str, list]:
     """family -> [(x, added params, arm name)] with the baseline first."""
     base = res.spec.baseline
     out = {}
-    for fam in ("dP", "frozen", "zero", "iid", "matched"):
+    for fam in _FAMILY_STYLE:  # the curves: families with an arm at every dP
         arms = sorted((a for a in res.spec.arms if a.family == fam and a.x > 0 and a.name in res.runs),
                       key=lambda a: a.x)
         if arms:
