@@ -16,6 +16,9 @@ from scipy import stats
 
 from plelab.precision import cpu_model
 
+# What a timed trainer leaves out: checkpoints, evaluation and live diagnostics (only training steps are timed).
+TIMING_ONLY = ["train.checkpoint_every=0", "train.eval_every=1000000", "train.diag_every=0"]
+
 
 def matmul_peak(n: int = 4096, reps: int = 5, dtype: torch.dtype = torch.float32) -> float:
     """Measured FLOP/s of an ``n×n @ n×n`` GEMM on this device (median of ``reps``, after one warm-up)."""

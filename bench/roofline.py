@@ -18,7 +18,7 @@ import statistics
 import time
 
 import torch
-from common import fmt_ci, machine, matmul_peak, rotated
+from common import TIMING_ONLY, fmt_ci, machine, matmul_peak, rotated
 
 from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
@@ -39,8 +39,7 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="time bf16 even without bf16 matrix flags")
     args = ap.parse_args()
     setup_torch(args.threads)
-    sets = ["train.checkpoint_every=0", "train.eval_every=1000000", "train.diag_every=0",
-            f"train.threads={args.threads}", *args.overrides]
+    sets = [*TIMING_ONLY, f"train.threads={args.threads}", *args.overrides]
     cfg = resolve_config(args.preset, sets, dp=args.dp)  # the preset's schedule; only a few of its steps run
     trainer = make_trainer(cfg, prepare_data(cfg, progress=False), None, progress=False, log=lambda *a: None)
     gemms = run_gemms(cfg, trainer.micro_batch) * cfg.train.grad_accum
@@ -55,11 +54,11 @@ def main() -> None:
             trainer.train_step()
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
-    parts = {"fp32 GEMMs": lambda: time_gemms(gemms, torch.float32, 1), "fp32 peak": lambda: matmul_peak(reps=3),
+    parts = {"fp32 GEMMs": lambda: time_gemms(gemms, torch.float32), "fp32 peak": lambda: matmul_peak(reps=3),
              "step": steps}
     bf16 = bool(cpu_bf16_flags()) or args.bf16
     if bf16:  # without bf16 units torch emulates bf16 GEMMs through fp32, ~10x slower: nothing to learn
-        parts |= {"bf16 GEMMs": lambda: time_gemms(gemms, torch.bfloat16, 1),
+        parts |= {"bf16 GEMMs": lambda: time_gemms(gemms, torch.bfloat16),
                   "bf16 peak": lambda: matmul_peak(reps=3, dtype=torch.bfloat16)}
     got: dict[str, list[float]] = {k: [] for k in parts}
     for r in range(args.repeats):

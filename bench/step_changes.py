@@ -15,7 +15,7 @@ import argparse
 import statistics
 import time
 
-from common import fmt_ci, machine, rotated
+from common import TIMING_ONLY, fmt_ci, machine, rotated
 
 from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
@@ -40,8 +40,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args()
     setup_torch(args.threads)
-    sets = ["train.checkpoint_every=0", "train.eval_every=1000000", "train.diag_every=0",
-            f"train.threads={args.threads}"]
+    sets = [*TIMING_ONLY, f"train.threads={args.threads}"]
     cfg = resolve_config(args.preset, sets, dp=args.dp)  # the preset's schedule; only a few of its steps run
     data = prepare_data(cfg, progress=False)
     arms = {name: make_trainer(cfg, data, None, progress=False, log=lambda *a: None) for name in ("chunked", "plain")}

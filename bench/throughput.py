@@ -18,7 +18,7 @@ import json
 import statistics
 import time
 
-from common import fmt_ci, machine, matmul_peak, mean_ci, rotated
+from common import TIMING_ONLY, fmt_ci, machine, matmul_peak, mean_ci, rotated
 
 from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
@@ -40,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     setup_torch(0)  # flush denormals, all cores
     dims = [int(x) for x in args.dp.split(",")]
-    sets = ["train.checkpoint_every=0", "train.eval_every=1000000", "train.diag_every=0", *args.overrides]
+    sets = [*TIMING_ONLY, *args.overrides]
     total = args.warmup + args.repeats * args.block
     arms = {f"{d}": resolve_config(args.preset, sets, dp=d, steps=total + 1) for d in dims}
     if args.row_sparse:  # the same dP values with the row-sparse table update, side by side

@@ -80,7 +80,7 @@ def step_gemms(forward: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, 
     return out
 
 
-def time_gemms(gemms: Sequence[tuple[int, int, int]], dtype: torch.dtype, repeats: int = PROBE_REPEATS) -> float:
+def time_gemms(gemms: Sequence[tuple[int, int, int]], dtype: torch.dtype, repeats: int = 1) -> float:
     """Median over ``repeats`` of the seconds one pass over ``gemms`` takes in ``dtype`` (after one warm-up pass),
     operands made once per distinct shape."""
     operands = {s: (torch.randn(s[0], s[1]).to(dtype), torch.randn(s[1], s[2]).to(dtype)) for s in set(gemms)}
@@ -99,8 +99,8 @@ def probe_bf16(gemms: Sequence[tuple[int, int, int]], repeats: int = PROBE_REPEA
     """Seconds per pass over ``gemms`` in fp32 and in bf16, the two interleaved ``repeats`` times (medians)."""
     fp32, bf16 = [], []
     for _ in range(repeats):
-        fp32.append(time_gemms(gemms, torch.float32, 1))
-        bf16.append(time_gemms(gemms, torch.bfloat16, 1))
+        fp32.append(time_gemms(gemms, torch.float32))
+        bf16.append(time_gemms(gemms, torch.bfloat16))
     return statistics.median(fp32), statistics.median(bf16)
 
 
@@ -136,9 +136,7 @@ def study_precision(requested: str, device: torch.device) -> PrecisionChoice:
     runs pass a TOST at 0.01 nats (issue 17), which has not been run on a CPU with bf16 units. An explicit
     ``fp32`` / ``bf16`` is kept.
     """
-    if requested in ("fp32", "bf16"):
-        return PrecisionChoice(requested, requested, f"train.precision={requested} in the config")
-    if device.type == "cuda":
-        return PrecisionChoice(requested, "bf16", "auto on CUDA")
+    if requested in ("fp32", "bf16") or device.type != "cpu":
+        return resolve_precision(requested, device)
     return PrecisionChoice(requested, "fp32", "auto: a CPU study trains in fp32 until paired runs show bf16's "
                                               "losses equivalent (TOST at 0.01 nats)")

@@ -172,12 +172,12 @@ class PLECausalLM(nn.Module):
         """
         if labels is not None and targets is not None:
             raise ValueError("give labels (HF: shifted inside) or targets (already shifted), not both")
+        if loss_reduction not in ("mean", "none"):
+            raise ValueError(f"loss_reduction={loss_reduction!r}: use 'mean' or 'none'")
         hidden = self.model(input_ids, inputs_embeds, token_part, table_ids, past_key_values)
         shift = labels is not None  # position t predicts labels[t + 1]
         if shift:
             targets = labels[:, 1:]
-        if loss_reduction not in ("mean", "none"):
-            raise ValueError(f"loss_reduction={loss_reduction!r}: use 'mean' or 'none'")
         if not return_logits and targets is not None:
             loss = head_cross_entropy(hidden[:, :-1] if shift else hidden, self.output_weight(), targets,
                                       reduction=loss_reduction)
