@@ -7,10 +7,11 @@ corpus with its diagnostics and report.
 3. A sweep (``plelab.sweeps``): every dP arm × seeds, paired (same data order and initial trunk per
    seed), the diagnostics at an early and the final checkpoint, then the report.
 4. Visual PLE in brief (``plelab.visual.study``, design ``fix``): no visual table, a DCT + K-means
-   visual table, the same with the visual next-token loss (λ = 0.5), and the IDs as targets only.
+   visual table, the same with the visual next-token loss (λ = 0.5), and the IDs as targets only; the oracle and
+   random IDs gate the findings (``positive_control``).
 
-Profiles: the default fits the 15-minute budget on a 2-core CPU; ``--quick`` is the CI smoke test
-(≤ 2 minutes); ``--study`` is a real CPU study (hours); ``--study-gpu`` the same on one GPU.
+Profiles: the default takes 11–20 minutes on a 2-core CPU (the machines vary); ``--quick`` is the CI smoke test
+(≤ 2 minutes); ``--study`` is a real CPU study at the seed's dP/H ratios (days); ``--study-gpu`` one on one GPU.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from plelab.model.accounting import account
 from plelab.reports.sweep import write_report
 from plelab.reports.tables import accounting_tables
 from plelab.runtime import available_cores
+from plelab.sweeps.commands import dp_spec
 from plelab.sweeps.runner import run_sweep, say
-from plelab.sweeps.spec import SweepSpec, dp_arms, merge_spec
+from plelab.sweeps.spec import CONTROLS, load_spec, merge_spec
 from plelab.visual.report import write_visual_report
 from plelab.visual.study import VISUAL_PROFILES, visual_spec
 
@@ -50,10 +52,11 @@ PROFILES = {
     "quick": Profile("cpu-tiny", [0, 8, 16], 3, 60, overrides=["train.early_checkpoint=20", "train.diag_every=10",
                                                                  "train.checkpoint_every=0"], about="≤ 2 minutes",
                      visual=True),
-    "study": Profile("cpu-sweep", [0, 8, 16, 32, 64], 6, 2000,
-                     controls=["frozen", "zero", "iid", "matched", "table-lr", "boost"],
+    # the seed's dP/H ratios 0.025 / 0.05 / 0.1 / 0.2 at H = 160, every control
+    "study": Profile("cpu-sweep-h160", [0, 4, 8, 16, 32], 6, 2000, controls=list(CONTROLS),
                      overrides=["train.eval_every=100", "train.early_checkpoint=400", "train.checkpoint_every=500",
-                                "train.diag_every=100", "train.warmup_steps=100"], about="hours on a CPU"),
+                                "train.diag_every=100", "train.warmup_steps=100"],
+                     about="the seed's dP/H ratios, ≈200 runs of 2,000 steps: about two days on 2 cores, resumable"),
     "study-gpu": Profile("gpu-125m", [0, 32, 64, 128, 256], 3, 5000,
                          controls=["frozen", "zero", "iid", "matched", "boost"],
                          overrides=["train.early_checkpoint=1000", "train.checkpoint_every=1000"],
@@ -91,9 +94,8 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
     log(f"sweep ({profile}, {prof.about}): {prof.preset}, dP {prof.dims} × {prof.seeds} seeds"
         + (f" + controls {', '.join(prof.controls)}" if prof.controls else "")
         + f", {prof.steps} steps = {tokens:,} tokens ({tokens / len(data.train):.2f} epochs) per run\n")
-    spec = SweepSpec(preset=prof.preset, overrides=overrides, seeds=list(range(prof.seeds)), steps=prof.steps,
-                     arms=dp_arms(prof.dims, prof.controls))
-    spec = merge_spec(out, spec)
+    spec = merge_spec(out, dp_spec(preset=prof.preset, overrides=overrides, dp=prof.dims, seeds=prof.seeds,
+                                   controls=prof.controls, steps=prof.steps, existing=load_spec(out)))
     if jobs is None:
         jobs = 1 if base.train.device.startswith("cuda") else max(1, min(available_cores(), 8))
     run_sweep(out, spec, jobs=jobs, progress=progress, log=log)
@@ -111,10 +113,12 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
 
 def run_visual_part(out: Path, profile: str, jobs: int, progress: bool, log) -> Path:
     """Visual PLE in brief: no visual table vs a DCT + K-means table vs the same with L_visual (λ = 0.5),
-    and the IDs as targets only — paired, 3 seeds; the findings of its report."""
+    and the IDs as targets only, with the oracle and random IDs that gate the findings — paired, 3 seeds; the
+    findings of its report."""
     methods = ["none", "oracle"] if profile == "quick" else ["none", "dct-kmeans"]
-    log(f"\nvisual PLE ({VISUAL_PROFILES[profile].about}): methods {', '.join(methods)}; the fix's 2×2 at λ = 0.5")
-    spec = merge_spec(out, visual_spec(profile, methods, design="fix", lambdas=[0.5]))
+    log(f"\nvisual PLE ({VISUAL_PROFILES[profile].about}): methods {', '.join(methods)}; the fix's 2×2 at λ = 0.5; "
+        "the gate: oracle vs random IDs")
+    spec = merge_spec(out, visual_spec(profile, methods, design="fix", lambdas=[0.5], gate=True))
     run_sweep(out, spec, jobs=jobs, progress=progress, log=log)
     paths = write_visual_report(out)
     report = next(p for p in paths if p.suffix == ".html")

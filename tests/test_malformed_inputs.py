@@ -237,6 +237,8 @@ CASES = {
                                     "invalid --seed-list '0,one': give integers"),
     "visual-study-lambdas-not-numbers": (lambda w: ["visual-study", "--quick", "--lambdas", "0.5,big", "--out",
                                                     f"{w}/o/vl"], "invalid --lambdas '0.5,big': give numbers"),
+    "visual-study-gate-without-oracle": (lambda w: ["visual-study", "--quick", "--gate", "--set", "visual.k=16",
+                                                    "--out", f"{w}/o/vg"], "--gate needs the oracle"),
     "params-old-spelling-dims": (lambda w: ["params", "--dims", "0,64"], "--dims is spelled --dp"),
     "sweep-old-spelling-dim": (lambda w: ["sweep", "--dim=0,8", "--out", f"{w}/o/s4"], "--dim is spelled --dp"),
     # checkpoints and weights

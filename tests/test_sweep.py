@@ -310,7 +310,10 @@ def test_demo_quick_writes_the_report(tmp_path, capsys, tiny_data):
     assert (tmp_path / "d" / "report" / "report.html").exists()
     assert len(list((tmp_path / "d" / "runs").glob("*/seed-*/summary.json"))) == 9
     assert "Visual findings" in out and "The visual next-token fix" in out and "Visual report:" in out
-    assert len(list((tmp_path / "d" / "visual" / "runs").glob("*/seed-*/summary.json"))) == 8  # 4 arms × 2 seeds
+    assert len(list((tmp_path / "d" / "visual" / "runs").glob("*/seed-*/summary.json"))) == 10  # 5 arms × 2 seeds
+    gate = out.split("Visual findings", 1)[1].split("\n- ", 2)[1]  # random joins the oracle: the gate comes first
+    assert gate.startswith(("**Positive control passed**", "**UNINFORMATIVE**"))
+    assert "The seed's dead zone was its first step" in out and "does not sample that step" in out  # cpu-tiny
 
 
 def test_sweep_command_reproduces_the_spec(tmp_path):

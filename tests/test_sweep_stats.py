@@ -217,3 +217,36 @@ def test_plan_takes_delta_from_the_pilots_gain_and_never_reuses_its_seeds(monkey
     monkeypatch.setattr("plelab.sweeps.planning.collect", lambda root, structure=False: flat)
     with pytest.raises(PlelabError, match="no mean gain"):
         plan("pilot", delta_fraction=0.25)
+
+
+def test_the_seeds_dead_zone_step_is_the_one_at_the_seeds_dp_over_h():
+    """The seed's first step is dP/H 0.025 → 0.05: named as such only in a sweep that samples those ratios (H = 160:
+    dP 4 → 8); elsewhere the first step is called a different regime."""
+    from plelab.reports.sweep_findings import seed_step_finding
+
+    rng = np.random.default_rng(3)
+    base = 5.0 + rng.normal(0, 0.05, 4)
+    res = _synthetic({"dp0": base, "dp4": base - 0.01 + rng.normal(0, 0.01, 4),
+                      "dp8": base - 0.02 + rng.normal(0, 0.01, 4), "dp16": base - 0.02 + rng.normal(0, 0.01, 4)})
+    cons = analyse(res)["consecutive"]
+    same = seed_step_finding(cons, res.spec, hidden=160)
+    assert "The same dP/H step here (H = 160), dP 4→8" in same and same.sources == (("consecutive", "dp4", "dp8"),)
+    other = seed_step_finding(cons, res.spec, hidden=64)  # cpu-tiny: dP/H 0.0625, 0.125, 0.25
+    assert "does not sample that step: its dP/H are 0.0625, 0.125, 0.25" in other and "different regime" in other
+    assert other.sources == (("consecutive", "dp4", "dp8"),)
+
+
+def test_the_study_profile_sweeps_the_seeds_ratios_with_every_control():
+    from plelab.config import resolve_config
+    from plelab.demo import PROFILES
+    from plelab.sweeps.commands import dp_spec
+    from plelab.sweeps.spec import CONTROLS
+
+    prof = PROFILES["study"]
+    hidden = resolve_config(prof.preset).model.hidden_size
+    assert [d / hidden for d in prof.dims if d] == [0.025, 0.05, 0.1, 0.2]
+    spec = dp_spec(preset=prof.preset, overrides=prof.overrides, dp=prof.dims, seeds=prof.seeds,
+                   controls=prof.controls, steps=prof.steps)
+    assert {a.family for a in spec.arms} == {"dP", *CONTROLS}
+    widths = {a.family: a.overrides for a in spec.arms if a.family.startswith("trunk-")}
+    assert all(o[0] == "ple.dim=0" and int(o[1].split("=")[1]) > 480 for o in widths.values())  # wider than 3H

@@ -131,6 +131,9 @@ def test_fix_design_runs_and_reports_the_2x2(tmp_path, capsys):
     (inter,) = data["analysis"]["interactions"]["content"]["1"]  # 2 seeds: the interaction of the one tokenizer
     assert (inter["a"], inter["b"], inter["n"]) == ("oracle.notable.lv1 − none", "oracle.lv1 − oracle", 2)
     assert "The fix as an interaction" in md and "\n| oracle | 1 | " in md.split("The fix as an interaction")[1]
+    arms = [a["name"] for a in json.loads((out / "sweep.json").read_text())["arms"]]  # the gate's null, a plain arm
+    assert arms == ["none", "oracle", "random", "oracle.lv1", "oracle.notable.lv1"]
+    assert data["analysis"]["gate"]["comparison"]["n"] == 2
     for bad in ("0", "0.5,x"):
         assert main(["visual-study", "--quick", "--design", "fix", "--lambdas", bad, "--out", str(tmp_path / "y")]) == 2
         assert "--lambdas" in capsys.readouterr().err
@@ -156,7 +159,7 @@ def test_fix_design_families_hold_one_arm_per_tokenizer():
 def test_ablation_design_withholds_features(tmp_path):
     out = tmp_path / "abl"
     assert main(["visual-study", "--quick", "--design", "ablation", "--methods", "none,oracle", "--seeds", "1",
-                 "--out", str(out), "--no-progress"]) == 0
+                 "--no-gate", "--out", str(out), "--no-progress"]) == 0
     spec = json.loads((out / "sweep.json").read_text())
     assert "visual.features=false" in spec["overrides"]
     assert [a["name"] for a in spec["arms"]] == ["none", "oracle", "oracle.layer0"]

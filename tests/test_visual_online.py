@@ -96,8 +96,10 @@ def test_lfq_needs_a_power_of_two():
 def test_visual_study_compares_online_with_frozen(tmp_path, capsys):
     out = tmp_path / "vs"
     assert main(["visual-study", "--quick", "--methods", "none,vq-online,vq-frozen", "--out", str(out),
-                 "--no-progress"]) == 0
+                 "--no-progress", "--no-gate"]) == 0
     md = (out / "report" / "report.md").read_text()
+    arms = [a["name"] for a in json.loads((out / "sweep.json").read_text())["arms"]]
+    assert "**Ungated**" in md and arms == ["none", "vq-online", "vq-frozen"]  # --no-gate: no oracle, no random
     assert "Online vs frozen quantizers: the cost of ID flips" in md and "\n| vq | " in md
     data = json.loads((out / "report" / "results.json").read_text())
     rows = {r["method"]: r for r in data["analysis"]["rows"]}

@@ -106,6 +106,24 @@ def test_features_can_be_withheld(prepared):
     assert not torch.equal(loss, tr.model(feats, (d.val_ids[:4] + 1) % 64, d.val_caps[:4]))  # the IDs do
 
 
+def test_feature_noise_degrades_only_the_lms_view(prepared):
+    """visual.feature_noise: fixed noise (sd = σ × each feature's sd) on what the LM reads; the tokenizers' IDs and
+    the clean features stay; the same draw every time; the data key changes (no cache or pairing mix-up)."""
+    clean = prepared["dct-kmeans"]
+    noisy = prepare_visual(_cfg("dct-kmeans", extra=["visual.feature_noise=2"]))
+    assert torch.equal(noisy.train_feats, clean.train_feats) and torch.equal(noisy.train_ids, clean.train_ids)
+    assert clean.lm_train_feats is clean.train_feats and clean.lm_val_feats is clean.val_feats
+    noise = (noisy.lm_train_feats - noisy.train_feats).flatten(0, 1)
+    ratio = noise.std(dim=0) / clean.train_feats.flatten(0, 1).std(dim=0)
+    assert torch.allclose(ratio, torch.full_like(ratio, 2.0), rtol=0.1)
+    assert not torch.allclose(noisy.lm_val_feats, noisy.val_feats)
+    again = prepare_visual(_cfg("dct-kmeans", extra=["visual.feature_noise=2"]))
+    assert torch.equal(again.lm_train_feats, noisy.lm_train_feats)
+    assert noisy.corpus_fingerprint != clean.corpus_fingerprint
+    with pytest.raises(PlelabError, match="feature_noise"):
+        _cfg("oracle", extra=["visual.features=false", "visual.feature_noise=1"])
+
+
 def test_resumed_visual_run_matches_an_uninterrupted_one(prepared, tmp_path):
     cfg = _cfg("random", extra=["train.checkpoint_every=5"])
     whole = VisualTrainer(cfg, prepared["random"], tmp_path / "a", progress=False, log=lambda *x: None).fit()
@@ -152,6 +170,11 @@ def test_visual_study_quick_on_the_sweep_engine(tmp_path, capsys):
                          ("oracle", "visual")}
     assert rows[("random", "visual")]["structure"].startswith("NOT DISTINGUISHABLE")  # the null's Δ: no agreement
     assert all(math.isfinite(r["cka"]) for r in rows.values())  # cross-seed CKA read from the checkpoints
+    assert all(len(r["structure_pairs"]) == 1 for r in rows.values())  # 2 seeds: one pair, counted once
+    gate = data["analysis"]["gate"]  # oracle vs random on content words, paired by seed, gates the study
+    assert gate["status"] in ("informative", "uninformative") and gate["comparison"]["n"] == 2
+    first = md.split("## Findings", 1)[1].split("\n- ", 2)[1]
+    assert first.startswith("**Positive control passed**" if gate["status"] == "informative" else "**UNINFORMATIVE**")
     assert "data:image/png;base64," in (out / "report" / "report.html").read_text()
     capsys.readouterr()
     assert main(["report", str(out)]) == 0 and "report.html" in capsys.readouterr().out  # dispatches by kind

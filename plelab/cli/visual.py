@@ -27,7 +27,7 @@ def cmd_visual_ids(args: argparse.Namespace) -> int:
 def cmd_visual_study(args: argparse.Namespace) -> int:
     paths = visual_study(args.out, quick=args.quick, design=args.design, methods=args.methods, lambdas=args.lambdas,
                          features=not args.no_features, seeds=args.seeds, dp=args.dp, config=args.config,
-                         overrides=args.overrides, jobs=args.jobs, progress=not args.no_progress)
+                         overrides=args.overrides, gate=args.gate, jobs=args.jobs, progress=not args.no_progress)
     print("\n".join(f"wrote {p}" for p in paths))
     return 0
 
@@ -58,6 +58,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-features", action="store_true",
                    help="withhold the continuous patch features in every arm (the IDs are the image's only view; "
                         "always so in --design ablation)")
+    p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the positive control (oracle) and its null (random IDs) that gate the findings "
+                        "(default: whenever the oracle can run: the embedded scenes, visual.k >= 37); --no-gate: "
+                        "an ungated study")
     p.add_argument("--seeds", type=int, help="seeds per method (default 3; 2 with --quick)")
     p.add_argument("--dp", type=dp_value, default=16, help="dP of the text and visual per-layer tables (default 16)")
     p.add_argument("--config", metavar="FILE",

@@ -8,6 +8,7 @@
   trunk has no AltUp / LAuReL / KV sharing, so its count is not Gemma 3n's total.
 - ``cpu-tiny``: tests (seconds). ``cpu-small``: ~6.8M trunk params, single CPU runs.
 - ``cpu-sweep``: ~1.3M params, the dP study's CPU shape (``plelab demo`` / ``plelab sweep``).
+- ``cpu-sweep-h160``: the same at H = 160, where the seed's dP/H ratios are dP 4/8/16/32 (``plelab demo --study``).
 - ``gpu-125m``: a GPT-2-small-sized model for one GPU.
 """
 
@@ -82,6 +83,15 @@ def cpu_sweep() -> RunConfig:
     )
 
 
+def cpu_sweep_h160() -> RunConfig:
+    """``cpu-sweep`` at H = 160 (FFN 3H, head_dim 40), so that the seed's dP/H ratios 0.025 / 0.05 / 0.1 / 0.2
+    (dP 64 … 512 at H = 2560) are whole dP: 4 / 8 / 16 / 32 (``plelab demo --study``)."""
+    cfg = cpu_sweep()
+    cfg.preset = "cpu-sweep-h160"
+    cfg.model.hidden_size, cfg.model.intermediate_size, cfg.ple.dim = 160, 480, 8
+    return cfg
+
+
 def gpu_125m() -> RunConfig:
     return RunConfig(
         preset="gpu-125m",
@@ -98,6 +108,7 @@ PRESETS: dict[str, Callable[[], RunConfig]] = {
     "cpu-tiny": cpu_tiny,
     "cpu-small": cpu_small,
     "cpu-sweep": cpu_sweep,
+    "cpu-sweep-h160": cpu_sweep_h160,
     "gpu-125m": gpu_125m,
     "seed-3b": seed_3b,
     "gemma3n-e2b": gemma3n_e2b,

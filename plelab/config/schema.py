@@ -295,6 +295,10 @@ class VisualConfig:
     # embedding, so the image reaches the model only through the visual table (the redundancy ablation,
     # and the setting where the oracle control must win).
     features: bool = field(default=True, metadata=_DATA)
+    # Noise added to the features the LM reads (not to what the tokenizers read), in units of each feature's
+    # training-set sd, one fixed draw per scene: a caption task with room for a table keyed by good IDs to help
+    # (with clean features the image alone leaves little to explain, and a study on it cannot fail).
+    feature_noise: float = field(default=0.0, metadata=_DATA)
     # Users' image–caption pairs (.jsonl or a folder); None = the embedded scenes.
     data: str | None = field(default=None, metadata=_DATA)
     online: bool = field(default=True, metadata=tags("sweep_data", "quantizer_ids"))
@@ -319,6 +323,10 @@ class VisualConfig:
         _require(self.ids != "oracle" or (self.k >= 37 and self.data is None), "visual.ids", self.ids,
                  "oracle only on the embedded scenes (no visual.data) and with visual.k >= 37")
         _require(self.encoder_steps >= 1, "visual.encoder_steps", self.encoder_steps, "an integer >= 1")
+        _require(math.isfinite(self.feature_noise) and self.feature_noise >= 0, "visual.feature_noise",
+                 self.feature_noise, "a finite number >= 0 (noise sd in units of each feature's sd)")
+        _require(self.features or self.feature_noise == 0, "visual.feature_noise", self.feature_noise,
+                 "0 when visual.features=false (no features reach the LM to add noise to)")
         _require(self.caption_len >= 4, "visual.caption_len", self.caption_len, "an integer >= 4")
         _require(self.ids not in ("lfq", "bsq") or (self.k & (self.k - 1) == 0), "visual.k", self.k,
                  f"a power of two for visual.ids={self.ids} (K = 2^bits)")

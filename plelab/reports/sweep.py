@@ -77,7 +77,7 @@ def sensitivity_table(analysis: dict, spec) -> tuple[list[str], list[list[str]]]
 
 def results_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
     head = ["arm", "dP", "added params", "% of base", "val loss (mean ± sd, n)", "Δ vs baseline", "95% CI", "label",
-            "structure (final)", "use (final)", "SNR", "occurrences / used row (median)"]
+            "structure (final; disjoint seed pairs)", "use (final; runs)", "SNR", "occurrences / used row (median)"]
     rows = []
     for r in analysis["rows"]:
         rows.append([r["arm"], str(r["dP"]), f"{r['added_params']:,}", f"{r['added_pct']:.2f}%",

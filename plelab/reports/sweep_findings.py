@@ -34,6 +34,30 @@ def _rows(family: str, comps: list[dict]) -> list[tuple]:
 
 
 SEED_FIRST_STEP = "dP 64→128 (+8.98% → +17.96% of base parameters), loss 2.149 → 2.149"
+SEED_HIDDEN = 2560
+SEED_FIRST_RATIOS = (64 / SEED_HIDDEN, 128 / SEED_HIDDEN)  # dP/H 0.025 → 0.05
+
+
+def seed_step_finding(cons: list[dict], spec, hidden: int) -> Finding | None:
+    """The seed's dead-zone step at the same dP/H ratios (0.025 → 0.05), if this sweep has it; otherwise says
+    that the sweep's first step is a different ratio, not the seed's step."""
+    positive = sorted({a.x for a in spec.arms if a.family == "dP" and a.x > 0})
+    if len(positive) < 2:
+        return None
+    ratios = ", ".join(f"{d / hidden:.4g}" for d in positive)
+    seed = f"The seed's dead zone was its first step, {SEED_FIRST_STEP}, at dP/H 0.025 → 0.05 (H = {SEED_HIDDEN:,})"
+    same = next((c for c in cons if all(math.isclose(spec.arm(c[k]).x / hidden, r)
+                                        for k, r in zip(("a", "b"), SEED_FIRST_RATIOS))), None)
+    if same is not None:
+        return Finding(f"{seed}. The same dP/H step here (H = {hidden}), {_step(same, spec)}, does "
+                       f"{'' if same['label'] == stats.EQUIVALENT else 'not '}reproduce it as a measured equivalence.",
+                       ("consecutive", same["a"], same["b"]))
+    first = next((c for c in cons if c["a"] == spec.at("dP", positive[0])), None)
+    if first is None:
+        return None
+    return Finding(f"{seed}. This sweep does not sample that step: its dP/H are {ratios} (H = {hidden}), so its first "
+                   f"step, {_step(first, spec)}, is a different regime, not the seed's (`plelab demo --study` sweeps "
+                   "the seed's ratios at H = 160: dP 4/8/16/32).", ("consecutive", first["a"], first["b"]))
 
 
 def required_seeds(analysis: dict, delta: float, alpha: float, power: float = 0.8) -> int | None:
@@ -94,13 +118,9 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[Finding]:
             msg += (f"; about {need} seeds per arm would detect a true step of δ={spec.delta} at the spread measured "
                     f"here (grow this sweep: `{sweep_command(spec, res.root, seeds=need)}`)")
         out.append(Finding(msg + ".", *_rows("consecutive", unclear)))
-    positive = sorted({int(a.x) for a in spec.arms if a.family == "dP" and a.x > 0})
-    first = next((c for c in cons if c["a"] == spec.at("dP", positive[0])), None) if len(positive) > 1 else None
-    if first is not None:
-        out.append(Finding(f"The seed's dead zone was its first step, {SEED_FIRST_STEP}. The analogous step here "
-                           f"(between the two smallest dP > 0), {_step(first, spec)}, does "
-                           f"{'' if first['label'] == stats.EQUIVALENT else 'not '}reproduce it as a measured "
-                           "equivalence.", ("consecutive", first["a"], first["b"])))
+    seed_step = seed_step_finding(cons, spec, res.configs[spec.baseline]["model"]["hidden_size"])
+    if seed_step is not None:
+        out.append(seed_step)
     out.append(Finding(f"Regime: {reg['tokens_per_row']:,.0f} training tokens per table row here vs ≈"
                        f"{reg['seed_tokens_per_row']:,.0f} in the seed, and {reg['base_params'] / 1e6:.2f}M vs 2,458M "
                        "base parameters; a result here is evidence about this regime, not a reproduction of the seed's "

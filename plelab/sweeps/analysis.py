@@ -70,6 +70,9 @@ def arm_rows(res: SweepResults, vs_base: dict[str, stats.Comparison]) -> list[di
         mean, sd = stats.mean_sd([r.loss for r in runs.values()])
         cmp = vs_base.get(arm.alias_of or arm.name) if arm.name != base_name else None
         verdicts = [v for r in runs.values() if (v := _run_verdict(r, "final"))]
+        # STRUCTURE pairs each run with the next seed's: only the disjoint pairs are independent evidence
+        pairs = [v[0] for r in runs.values() if (v := _run_verdict(r, "final"))
+                 and r.structure.get("final", {}).get("independent", True)]
         snr = [r.signal.get("snr") for r in runs.values() if r.signal.get("snr") is not None]
         occ = [r.occurrences.get("median") for r in runs.values() if r.occurrences]
         rows.append({
@@ -77,7 +80,7 @@ def arm_rows(res: SweepResults, vs_base: dict[str, stats.Comparison]) -> list[di
             "added_params": acc["added"], "added_pct": acc["added_pct_of_base"], "n": len(runs),
             "loss_mean": mean, "loss_sd": sd, "losses": {s: r.loss for s, r in runs.items()},
             "vs_baseline": cmp.to_dict() if cmp else None,
-            "structure": verdict_counts([v[0] for v in verdicts]),
+            "structure": verdict_counts(pairs),
             "use": verdict_counts([v[1] for v in verdicts]),
             "snr": sum(snr) / len(snr) if snr else None,
             "occurrences_median": sum(occ) / len(occ) if occ else None,

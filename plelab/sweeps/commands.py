@@ -44,7 +44,7 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
     overrides = [*file_overrides, *overrides]
     if data:
         overrides.append(f"data.path={data}")
-    preset_cfg = resolve_config(preset, overrides, gate=gate)
+    preset_cfg = resolve_config(preset, overrides, gate=gate, steps=steps)
     run_steps = steps if steps is not None else preset_cfg.train.steps
     early = preset_cfg.train.early_checkpoint
     if not 0 < early <= run_steps // 2 and not any(o.startswith("train.early_checkpoint=") for o in overrides):

@@ -143,7 +143,8 @@ def read_run(job: RunJob, last_k: int) -> RunResult:
 
 
 def cross_seed_structure(jobs: list[RunJob], step: int, data_cache: dict) -> dict[int, dict]:
-    """Per seed: CKA of this run's Δ with the next seed's (cyclic) against the permutation null."""
+    """Per seed: CKA of this run's Δ with the next seed's (cyclic) against the permutation null; ``independent``
+    marks the disjoint pairs (seeds 0–1, 2–3, … in the jobs' order), the only ones a count may add up."""
     if len(jobs) < 2 or jobs[0].cfg.ple.table != "learned" or not jobs[0].cfg.ple.enabled:
         return {}
     tables = {}
@@ -161,7 +162,8 @@ def cross_seed_structure(jobs: list[RunJob], step: int, data_cache: dict) -> dic
         a, b = tables[s], tables[seeds[(i + 1) % len(seeds)]]
         both = (a.counts > 0) & (b.counts > 0)
         res = cka_against_null(a.delta[both].flatten(1), b.delta[both].flatten(1), a.counts[both], seed=s)
-        out[s] = {k: res[k] for k in ("cka", "null_mean", "null_sd")}
+        out[s] = {**{k: res[k] for k in ("cka", "null_mean", "null_sd")},
+                  "independent": i % 2 == 0 and i + 1 < len(seeds)}
     return out
 
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from plelab.config import config_file_overrides
+from plelab.config import config_file_overrides, resolve_config
 from plelab.config.resolve import ConfigSource
 from plelab.errors import ConfigError, PlelabError
 from plelab.io import check_folder_target, ensure_dir
@@ -88,12 +88,13 @@ def visual_ids(*, k: int = 64, scenes: int = 2000, seed: int = 0, image_size: in
 def visual_study(out: str | Path | None = None, *, quick: bool = False, design: str = "tokenizers",
                  methods: Sequence[str] | None = None, lambdas: Sequence[float] = LAMBDAS, features: bool = True,
                  seeds: int | None = None, dp: int = 16, config: ConfigSource = None, overrides: Sequence[str] = (),
-                 jobs: int = 1, progress: bool = True) -> list[Path]:
+                 gate: bool | None = None, jobs: int = 1, progress: bool = True) -> list[Path]:
     """Run (or resume) the visual study in ``out`` (default ``runs/visual-PROFILE-DATE-TIME``) and write its
     report; returns the report's files. ``design``: ``tokenizers`` | ``fix`` | ``ablation``; ``methods``
     (always with ``none``; default the design's set); ``lambdas``: λ of L_visual for the fix; ``config``: a
     JSON / TOML file (or dict) as the base below the study's profile, ``overrides`` (``section.key=value``) on
-    top of everything."""
+    top of everything. ``gate``: run the positive control (oracle) and its null (random IDs) that gate the study's
+    findings; default: whenever the oracle can run (the embedded scenes, ``visual.k`` ≥ 37)."""
     if design not in DESIGNS:
         raise ConfigError(f"invalid design {design!r}: choose from {', '.join(DESIGNS)}")
     chosen = list(methods) if methods else list({"tokenizers": METHODS, "fix": FIX_METHODS,
@@ -113,5 +114,13 @@ def visual_study(out: str | Path | None = None, *, quick: bool = False, design: 
     out = Path(out) if out else Path("runs") / time.strftime(f"visual-{profile}-%Y%m%d-%H%M%S")
     spec = visual_spec(profile, chosen, dp=dp, seeds=seeds, design=design, lambdas=list(lambdas), features=features,
                        preset=preset, base=base, overrides=list(overrides))
+    v = resolve_config(spec.preset, [*spec.overrides, *spec.arm("none").overrides], steps=spec.steps).visual
+    possible = v.data is None and v.k >= OracleIDs.NEEDED
+    if gate and not possible:
+        raise ConfigError(f"--gate needs the oracle, which needs the embedded scenes (no visual.data) and visual.k >= "
+                          f"{OracleIDs.NEEDED}; drop --gate (the report then says the study is ungated)")
+    if gate or (gate is None and possible):
+        spec = visual_spec(profile, chosen, dp=dp, seeds=seeds, design=design, lambdas=list(lambdas),
+                           features=features, preset=preset, base=base, overrides=list(overrides), gate=True)
     run_sweep(out, merge_spec(out, spec), jobs=jobs, progress=progress)
     return write_visual_report(out)

@@ -26,6 +26,7 @@ from plelab.visual.scenes import SceneSet, fingerprint, generate_scenes
 from plelab.visual.text import PAD, WordVocab
 
 VAL_SEED_OFFSET = 1_000_003
+NOISE_SEED_OFFSET = 2_000_029  # visual.feature_noise: the draws' seeds (train; validation + 1)
 
 
 @dataclass
@@ -44,6 +45,13 @@ class VisualData:
     val_labels: np.ndarray | None = None  # [N, P] ground-truth patch labels of the validation scenes (NMI)
     train_pixels: torch.Tensor | None = None  # ids=vq/lfq/bsq: [N, P, patch²·3] reconstruction targets
     quantizer: object | None = None  # ids=vq/lfq/bsq with visual.online=false: the pretrained, frozen quantizer
+    # the features the LM reads: ``train_feats`` / ``val_feats`` themselves unless visual.feature_noise > 0
+    lm_train_feats: torch.Tensor | None = None
+    lm_val_feats: torch.Tensor | None = None
+
+    def __post_init__(self):
+        self.lm_train_feats = self.train_feats if self.lm_train_feats is None else self.lm_train_feats
+        self.lm_val_feats = self.val_feats if self.lm_val_feats is None else self.lm_val_feats
 
     @property
     def num_patches(self) -> int:
@@ -125,11 +133,27 @@ def prepare_visual(cfg: RunConfig, log=None) -> VisualData:
         metrics = id_report(val_ids, v.k, val_labels)
     ids_key = f"{v.ids}:{v.k}" + (f":{v.online}:{v.quantizer_lr}:{v.quantizer_batch}" if v.ids in QUANTIZER_IDS else "")
     ids_key += f":{cfg.train.steps}" if quantizer is not None else ""  # the frozen quantizer depends on it
+    noise_key = f":noise{v.feature_noise!r}" if v.feature_noise else ""  # keys without noise stay as they were
     key = hashlib.sha256(f"{fingerprint(train)}:{fingerprint(val)}:{ids_key}:{v.encoder_steps}:{length}:"
-                         f"{v.features}".encode())
+                         f"{v.features}{noise_key}".encode())
+    lm_train, lm_val = noisy_views(train_feats, val_feats, v.feature_noise, v.data_seed)
     return VisualData(vocab, train_feats, val_feats, torch.from_numpy(train_caps), torch.from_numpy(val_caps),
                       torch.from_numpy(val_content), train_ids, val_ids, key.hexdigest(), metrics, random_probs,
-                      val_labels, train_pixels, quantizer)
+                      val_labels, train_pixels, quantizer, lm_train, lm_val)
+
+
+def noisy_views(train: torch.Tensor, val: torch.Tensor, noise: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The LM's view of the patch features ``[N, P, D]``: each feature plus Gaussian noise of sd ``noise`` × its
+    training-set sd, one fixed draw per scene (seeded by ``seed``), so the image tells the LM less than it tells the
+    tokenizers. ``noise = 0``: the features themselves."""
+    if not noise:
+        return train, val
+    sd = train.flatten(0, 1).std(dim=0) * noise  # [D]
+    views = []
+    for offset, feats in ((0, train), (1, val)):
+        gen = torch.Generator().manual_seed(seed + NOISE_SEED_OFFSET + offset)
+        views.append(feats + torch.randn(feats.shape, generator=gen, dtype=feats.dtype) * sd)
+    return views[0], views[1]
 
 
 def caption_losses(per_token: torch.Tensor, caps: torch.Tensor, content: torch.Tensor) -> dict:

@@ -151,7 +151,9 @@ def load_run_tables(ckpt: Path) -> dict[str, tuple[torch.Tensor, np.ndarray]]:
 
 
 def cross_seed(checkpoints: dict[int, Path]) -> dict[int, dict[str, dict]]:
-    """Per seed and table: CKA of this seed's Δ with the next seed's (cyclic) against the permutation null."""
+    """Per seed and table: CKA of this seed's Δ with the next seed's (cyclic) against the permutation null;
+    ``independent`` marks the disjoint pairs (seeds 0–1, 2–3, … in sorted order), the only ones a count may add up:
+    the cyclic pairs share runs."""
     if len(checkpoints) < 2 or not all(p.exists() for p in checkpoints.values()):
         return {}
     tables = {seed: load_run_tables(p) for seed, p in checkpoints.items()}
@@ -166,5 +168,6 @@ def cross_seed(checkpoints: dict[int, Path]) -> dict[int, dict[str, dict]]:
             if both.sum() < 8:  # too few shared rows for a CKA and its null
                 continue
             res = cka_against_null(delta[both], nxt[name][0][both], counts[both], seed=s)
-            out[s][name] = {k: res[k] for k in ("cka", "null_mean", "null_sd")}
+            out[s][name] = {**{k: res[k] for k in ("cka", "null_mean", "null_sd")},
+                            "independent": i % 2 == 0 and i + 1 < len(seeds)}
     return out

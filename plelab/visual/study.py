@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plelab.config.schema import QUANTIZER_IDS
-from plelab.diagnostics.verdict import structure_verdict
+from plelab.diagnostics.verdict import DELTA_USE, structure_verdict
 from plelab.sweeps import blocked, stats
 from plelab.sweeps.analysis import verdict_counts
 from plelab.sweeps.results import SweepResults, checkpoint_path
@@ -65,22 +65,23 @@ VISUAL_PROFILES = {
                                                   "model.num_hidden_layers=4", "train.eval_every=100",
                                                   "train.diag_every=100", "train.checkpoint_every=0",
                                                   "train.warmup_steps=20"], "≈ 40 s per run on 2 cores"),
-    # plelab demo's visual part: the default's model at half the steps and scenes (≈ 3 minutes on 2 cores)
-    "demo": VisualProfile("cpu-tiny", 3, 400, ["visual.scenes=1000", "visual.val_scenes=200", "train.batch_size=32",
-                                               "model.num_hidden_layers=4", "train.eval_every=100",
+    # plelab demo's visual part: the default's model at 3/8 of the steps and half the scenes
+    "demo": VisualProfile("cpu-tiny", 3, 300, ["visual.scenes=1000", "visual.val_scenes=200", "train.batch_size=32",
+                                               "model.num_hidden_layers=4", "train.eval_every=50",
                                                "train.diag_every=100", "train.checkpoint_every=0",
-                                               "train.warmup_steps=20"], "≈ 30 s per run on 2 cores"),
+                                               "train.warmup_steps=20"], "≈ 50 s per run, two at a time on 2 cores"),
 }
 
 
 DESIGNS = ("tokenizers", "fix", "ablation")
+GATE_ARMS = ("random", "oracle")  # the positive control and its null: plain arms that gate a study (positive_control)
 # the five tokenizers of the seed, with frozen IDs (the fix needs targets that do not drift)
 FIX_METHODS = ("none", "dct-kmeans", "siglip-kmeans", "vq-frozen", "lfq-frozen", "bsq-frozen")
 ABLATION_METHODS = ("none", "dct-kmeans", "siglip-kmeans", "oracle")
 LAMBDAS = (0.1, 0.5, 1.0)
 
 
-def design_arms(design: str, methods, lambdas=LAMBDAS) -> tuple[list[Arm], list[str]]:
+def design_arms(design: str, methods, lambdas=LAMBDAS, plain=()) -> tuple[list[Arm], list[str]]:
     """The arms of one study design and the overrides every arm shares.
 
     ``tokenizers``: every method under the text-only loss, each paired with ``none``. ``fix`` (the
@@ -88,13 +89,14 @@ def design_arms(design: str, methods, lambdas=LAMBDAS) -> tuple[list[Arm], list[
     compared with ``M``) and off (``M.notable.lvλ``: the IDs are only targets, compared with ``none``;
     table off and λ = 0 is ``none`` itself). ``ablation``: continuous features withheld; per tokenizer the
     per-layer table (``M``, vs ``none``) and a layer-0 ID embedding of the same IDs (``M.layer0``, vs ``M``).
+    ``random`` (the gate's null: fresh draws, nothing to fix or ablate) and the methods in ``plain`` are plain arms.
     """
     arms = [Arm(m, method_overrides(m), family="visual" if m != "none" else "baseline", x=i,
                 description=DESCRIPTIONS[m]) for i, m in enumerate(methods)]
     shared: list[str] = []
     lambdas = list(dict.fromkeys(f"{lam:g}" for lam in lambdas))  # as in the arm names: 1 and 1.0 are one arm
     for i, m in enumerate(methods):
-        if m == "none":
+        if m in ("none", "random", *plain):
             continue
         if design == "fix":
             for lam in lambdas:
@@ -115,12 +117,14 @@ def design_arms(design: str, methods, lambdas=LAMBDAS) -> tuple[list[Arm], list[
 
 def visual_spec(profile: str, methods=METHODS, dp: int = 16, seeds: int | None = None, design: str = "tokenizers",
                 lambdas=LAMBDAS, features: bool = True, preset: str | None = None, base: list[str] = (),
-                overrides: list[str] = ()) -> SweepSpec:
+                overrides: list[str] = (), gate: bool = False) -> SweepSpec:
     """The study's :class:`SweepSpec`: on ``preset`` (default the profile's) with ``base`` overrides (a config
     file's, :func:`plelab.config.config_file_overrides`) below the study's own settings (dP, the profile, the
-    design) and ``overrides`` above them."""
+    design) and ``overrides`` above them. ``gate``: add the positive control and its null (``GATE_ARMS``) as
+    plain arms, those of them ``methods`` lacks (a listed ``oracle`` keeps the design's cells)."""
     prof = VISUAL_PROFILES[profile]
-    arms, shared = design_arms(design, methods, lambdas)
+    added = [m for m in GATE_ARMS if gate and m not in methods]
+    arms, shared = design_arms(design, [*methods, *added], lambdas, plain=added)
     if not features and "visual.features=false" not in shared:
         shared.append("visual.features=false")
     return SweepSpec(preset=preset or prof.preset,
@@ -225,6 +229,7 @@ def table_rows(res: SweepResults) -> list[dict]:
             perm = [d["use"]["permute"] for _, d in pairs]
             structure = [structure_verdict(c.get("cka"), c.get("null_mean"), c.get("null_sd"))[0] for c in cs]
             verdicts = [(st, d["use_verdict"]) for st, (_, d) in zip(structure, pairs)]
+            disjoint = [st for st, c in zip(structure, cs) if c and c.get("independent", True)]  # cyclic pairs overlap
             rows.append({
                 "method": arm.name, "table": table, "n": len(pairs), "rows": d0["rows"], "dim": d0["dim"],
                 "rows_used": _avg([d["rows_used"] for _, d in pairs]),
@@ -237,7 +242,9 @@ def table_rows(res: SweepResults) -> list[dict]:
                 "reset_caption": stats.mean_sd([d["use"]["reset"]["caption"]["delta"] for _, d in pairs]),
                 "grad_row": _avg([r.signal.get(f"grad_row_{table}") for r, _ in pairs]),
                 "grad_row_layers": _layer_means([r.signal.get(f"grad_row_{table}_layers") for r, _ in pairs]),
-                "verdicts": [list(v) for v in verdicts], "structure": verdict_counts(structure),
+                "permute_caption_runs": [p["caption"]["delta"] for p in perm],
+                "verdicts": [list(v) for v in verdicts], "structure_pairs": disjoint,
+                "structure": verdict_counts(disjoint),
                 "use": verdict_counts([u for _, u in verdicts])})
     return rows
 
@@ -266,11 +273,13 @@ def visual_analysis(res: SweepResults) -> dict:
     cap, con = _paired(res, "caption"), _paired(res, "content")
     sensitivity = {f"{m} loss vs {res.spec.baseline}": stats.sensitivity(c, res.spec.delta, steps=False)
                    for m, c in (("caption", cap), ("content-word", con)) if c}
-    return {"rows": rows, "tables": table_rows(res), "caption_vs_none": [c.to_dict() for c in cap],
+    tables = table_rows(res)
+    return {"rows": rows, "tables": tables, "caption_vs_none": [c.to_dict() for c in cap],
             "content_vs_none": [c.to_dict() for c in con], "sensitivity": sensitivity,
             "online_vs_frozen": {m: [c.to_dict() for c in online_vs_frozen(res, m)] for m in ("caption", "content")},
             "references": {m: reference_families(res, m) for m in ("caption", "content")},
             "interactions": {m: fix_interactions(res, m) for m in ("caption", "content")},
+            "gate": positive_control(res), "table_use": [c.to_dict() for c in table_use(tables, res.spec.alpha)],
             "missing": res.missing}
 
 
@@ -293,3 +302,31 @@ def online_vs_frozen(res: SweepResults, metric: str) -> list[stats.Comparison]:
     pairs = [(f"{q}-frozen", f"{q}-online") for q in QUANTIZER_IDS
              if f"{q}-frozen" in res.runs and f"{q}-online" in res.runs]
     return paired_family(res, pairs, metric)
+
+
+GATE_METRIC = "content"  # the positive control is judged where the image's facts are: the content words
+
+
+def positive_control(res: SweepResults) -> dict:
+    """The study's gate: the oracle (keyed by the scenes' own patch labels) against random IDs on the content-word
+    loss, paired by seed. ``informative`` only if the oracle is lower by a significant margin not shown smaller than
+    δ (label "significant drop"): a study whose best possible table does not beat a table that knows nothing cannot
+    tell a useless tokenizer from a task with no room to help, so it is ``uninformative``; ``ungated`` when either
+    arm is missing."""
+    comps = paired_family(res, [("random", "oracle")], GATE_METRIC) if {"oracle", "random"} <= set(res.runs) else []
+    if not comps or comps[0].n < 2:
+        return {"status": "ungated", "comparison": None}
+    c = comps[0]
+    return {"status": "informative" if c.label == stats.DROP else "uninformative", "comparison": c.to_dict()}
+
+
+def table_use(tables: list[dict], alpha: float) -> list[stats.Comparison]:
+    """Is each visual table read, across seeds: every run's permute-rows caption-loss change (Δ > 0: the model
+    reads the rows), one-sample t + TOST against ±``DELTA_USE`` (the USE verdict's floor), Holm over the tables.
+    "significant rise" or "real rise smaller than δ": used; "equivalent within ±δ": dead (the seed's claim,
+    measured); else inconclusive — no single run's verdict decides it."""
+    items = [(t["method"], [d for d in t.get("permute_caption_runs", []) if d is not None and math.isfinite(d)])
+             for t in tables if t["table"] == "visual"]
+    comps = [stats.paired("rows in place", m, d, DELTA_USE, alpha, m=len(items)) for m, d in items]
+    stats.family(comps, steps=False)
+    return comps

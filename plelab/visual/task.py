@@ -112,7 +112,7 @@ class VisualTask(Task):
             self.visual_rows.update(ids)
         device = self.env.device
         caps = self.data.train_caps[idx].to(device)
-        inputs = {"features": self.data.train_feats[idx].to(device),
+        inputs = {"features": self.data.lm_train_feats[idx].to(device),
                   "patch_ids": None if ids is None else ids.to(device), "captions": caps}
         rows = {name: token_table_ids(caps, n) for name, (n, _) in self.row_tables.items()}  # the caption's text rows
         return Batch(inputs, rows)
@@ -174,7 +174,7 @@ class VisualTask(Task):
         for i in range(0, len(d.val_caps), 64):
             ids = None if self.val_ids is None else self.val_ids[i:i + 64].to(self.env.device)
             with self.env.autocast():
-                out = model(d.val_feats[i:i + 64].to(self.env.device), ids, d.val_caps[i:i + 64].to(self.env.device),
+                out = model(d.lm_val_feats[i:i + 64].to(self.env.device), ids, d.val_caps[i:i + 64].to(self.env.device),
                             drop_image=drop_image, return_visual=visual)
             text.append((out[0] if visual else out).float().cpu())
             if visual:
