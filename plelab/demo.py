@@ -87,7 +87,8 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
     base = resolve_config(prof.preset, overrides, steps=prof.steps)
     data = prepare_data(base, progress=progress)
     entropy = data.unigram_entropy(base.model.vocab_size)
-    log(f"\ncorpus {data.corpus_name}: {data.n_train_docs + data.n_val_docs:,} distinct documents, "
+    log(f"\ncorpus {data.corpus_name}: {data.n_train_docs + data.n_val_docs:,} distinct "
+        f"{'pieces of too few documents' if data.n_pieces else 'documents'}, "
         f"sha256 {data.corpus_fingerprint[:16]}…; tokens: train {len(data.train):,}, validation {len(data.val):,}; "
         f"validation unigram entropy {entropy:.3f} nats")
     tokens = prof.steps * base.train.batch_size * base.train.seq_len

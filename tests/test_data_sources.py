@@ -104,3 +104,34 @@ def test_supplied_tokenizer_json_is_used_and_checked(tmp_path, tiny_data):
 def user_corpus_from(tmp_path):
     (tmp_path / "c.txt").write_text("\n\n".join(TEXTS * 20))
     return user_corpus(tmp_path / "c.txt")
+
+
+def _long_documents(n: int = 3) -> list[str]:
+    import random
+
+    rnd = random.Random(0)
+    words = "per layer embeddings give every layer its own lookup of the token table and gate".split()
+    return [" ".join(rnd.choice(words) for _ in range(5000)) + "\n" for _ in range(n)]
+
+
+def test_a_corpus_of_few_long_documents_is_split_by_pieces_and_trains(tmp_path, capsys):
+    """Only where the document split fails (3 documents of 27K characters at val_fraction 0.05) are the documents
+    cut into pieces and split by the same hash; a corpus that splits by documents splits exactly as before."""
+    from plelab.cli import main
+    from plelab.data import pieces, split_documents, split_for_training
+
+    docs = _long_documents()
+    with pytest.raises(PlelabError, match="cannot split 3 distinct documents"):
+        split_documents(docs, 0.05)
+    train, val, dups, n = split_for_training(docs, 0.05)
+    assert n == len(train) + len(val) == 42 and val and dups == 0
+    assert all("".join(pieces(d)) == d and max(map(len, pieces(d))) <= 2000 for d in docs)  # nothing lost
+    assert all(p.endswith((" ", "\n")) for d in docs for p in pieces(d))  # cut at spaces, never inside a word
+    assert split_for_training(TEXTS * 2, 0.1) == (*split_documents(TEXTS * 2, 0.1), 0)  # splits as before
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    assert main(["train", "--preset", "cpu-tiny", "--steps", "2", "--set", f"data.path={path}",
+                 "--set", "data.val_fraction=0.05", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert "split as 42 pieces of ≤ 2,000 characters" in capsys.readouterr().out
+    with pytest.raises(PlelabError, match="even cut into 1 pieces"):
+        split_for_training(["one short document"], 0.05)

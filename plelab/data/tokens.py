@@ -24,9 +24,10 @@ from plelab.errors import PlelabError
 from plelab.io import atomic_write, cache_dir
 from plelab.runtime import EpochOrder
 
+CHUNK_CHARS = 2_000  # a corpus too small to split by documents is split by pieces of about this many characters
 
-def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str], list[str], int]:
-    """Return ``(train_docs, val_docs, n_duplicates_removed)``, deterministic in the text alone."""
+
+def _hash_split(documents: list[str], val_fraction: float) -> tuple[list[str], list[str], int]:
     seen: set[str] = set()
     train, val = [], []
     for doc in documents:
@@ -35,10 +36,49 @@ def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str
         seen.add(doc)
         u = int.from_bytes(hashlib.sha256(doc.encode("utf-8")).digest()[:8], "little") / 2**64
         (val if u < val_fraction else train).append(doc)
-    if not train or not val:
-        raise PlelabError(f"cannot split {len(seen)} distinct documents into train and validation at "
-                          f"data.val_fraction={val_fraction}; supply more text or change the fraction")
     return train, val, len(documents) - len(seen)
+
+
+def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str], list[str], int]:
+    """Return ``(train_docs, val_docs, n_duplicates_removed)``, deterministic in the text alone: a distinct
+    document goes to validation when the first 8 bytes of its sha256, read as a fraction, are below
+    ``val_fraction``."""
+    train, val, dups = _hash_split(documents, val_fraction)
+    if not train or not val:
+        raise PlelabError(f"cannot split {len(train) + len(val)} distinct documents into train and validation at "
+                          f"data.val_fraction={val_fraction}; supply more text or change the fraction")
+    return train, val, dups
+
+
+def pieces(document: str, size: int = CHUNK_CHARS) -> list[str]:
+    """``document`` cut into consecutive pieces of at most ``size`` characters, each ending at a line break or a
+    space in the second half of its window where there is one; the pieces concatenate to the document."""
+    out, start = [], 0
+    while start < len(document):
+        end = min(len(document), start + size)
+        if end < len(document):
+            cut = max(document.rfind("\n", start + size // 2, end), document.rfind(" ", start + size // 2, end))
+            end = cut + 1 if cut >= 0 else end
+        out.append(document[start:end])
+        start = end
+    return out
+
+
+def split_for_training(documents: list[str], val_fraction: float) -> tuple[list[str], list[str], int, int]:
+    """:func:`split_documents`, and only where it fails — a corpus of few, long documents — the same hash split over
+    their :func:`pieces`. Returns ``(train, val, n_duplicates_removed, n_pieces)``; ``n_pieces`` is 0 when the
+    documents split as they are (every corpus that splits by documents splits exactly as before)."""
+    train, val, dups = _hash_split(documents, val_fraction)
+    if train and val:
+        return train, val, dups, 0
+    distinct = [*train, *val]
+    cut = [p for doc in distinct for p in pieces(doc)]
+    train, val, _ = _hash_split(cut, val_fraction)
+    if not train or not val:
+        raise PlelabError(f"cannot split {len(distinct)} distinct documents into train and validation at "
+                          f"data.val_fraction={val_fraction}, even cut into {len(cut)} pieces of ≤ {CHUNK_CHARS:,} "
+                          "characters; supply more text or raise data.val_fraction")
+    return train, val, dups, len(cut)
 
 
 @dataclass
@@ -53,6 +93,7 @@ class TokenData:
     n_val_docs: int
     n_duplicates: int
     tokenizer_json: str | None = None  # the tokenizer the streams were made with (HF tokenizers JSON)
+    n_pieces: int = 0  # > 0: too few documents to split, split as this many pieces (n_*_docs count pieces)
 
     def train_counts(self, size: int) -> np.ndarray:
         """How often each id occurs in the training stream; ids >= ``size`` are counted at 0 (as the
@@ -87,7 +128,7 @@ def _save_npy(path, array: np.ndarray) -> None:
 
 def prepare_tokens(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> TokenData:
     """Split, tokenise once (cached by corpus, tokenizer and fraction) and memory-map the streams."""
-    train_docs, val_docs, dups = split_documents(corpus.documents, val_fraction)
+    train_docs, val_docs, dups, n_pieces = split_for_training(corpus.documents, val_fraction)
     tok_hash = hashlib.sha256(tok.to_str().encode()).hexdigest()[:12]
     folder = cache_dir("tokens", f"{corpus.fingerprint[:16]}-{tok_hash}-val{val_fraction!r}")
     arrays = {}
@@ -98,7 +139,7 @@ def prepare_tokens(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> Token
             atomic_write(path, lambda p, ids=ids: _save_npy(p, ids))
         arrays[split] = np.load(path, mmap_mode="r", allow_pickle=False)
     return TokenData(arrays["train"], arrays["val"], corpus.fingerprint, corpus.name, len(train_docs), len(val_docs),
-                     dups, tok.to_str())
+                     dups, tok.to_str(), n_pieces)
 
 
 class PackedSampler:
@@ -152,4 +193,5 @@ def val_windows(stream: np.ndarray, seq_len: int, max_windows: int) -> torch.Ten
     return torch.from_numpy(rows)
 
 
-__all__ = ["PackedSampler", "TokenData", "prepare_tokens", "split_documents", "val_windows"]
+__all__ = ["PackedSampler", "TokenData", "pieces", "prepare_tokens", "split_documents", "split_for_training",
+           "val_windows"]

@@ -15,7 +15,7 @@ from torch import nn
 
 from plelab.config.schema import RunConfig
 from plelab.data.pipeline import prepare_data
-from plelab.data.tokens import PackedSampler, TokenData, val_windows
+from plelab.data.tokens import CHUNK_CHARS, PackedSampler, TokenData, val_windows
 from plelab.model.init import build_model
 from plelab.model.losses import window_losses
 from plelab.model.ple import IIDTableIds, token_table_ids
@@ -85,7 +85,9 @@ class TextTask(Task):
 
 
 def _describe(cfg: RunConfig, data: TokenData) -> str:
-    return f"{len(data.train):,} train / {len(data.val):,} validation tokens"
+    split = (f" (too few documents to split: split as {data.n_pieces:,} pieces of ≤ {CHUNK_CHARS:,} characters)"
+             if data.n_pieces else "")
+    return f"{len(data.train):,} train / {len(data.val):,} validation tokens{split}"
 
 
 register_task_kind(TaskKind(
