@@ -10,7 +10,7 @@ corpus with its diagnostics and report.
    visual table, the same with the visual next-token loss (λ = 0.5), and the IDs as targets only; the oracle and
    random IDs gate the findings (``positive_control``).
 
-Profiles: the default takes 11–20 minutes on a 2-core CPU (the machines vary); ``--quick`` is the CI smoke test
+Profiles: the default takes 11–21 minutes on a 2-core CPU (the machines vary); ``--quick`` is the CI smoke test
 (≤ 2 minutes); ``--study`` is a real CPU study at the seed's dP/H ratios (days); ``--study-gpu`` one on one GPU.
 """
 
@@ -47,8 +47,8 @@ class Profile:
 
 
 PROFILES = {
-    "default": Profile("cpu-sweep", [0, 8, 32], 3, 240, about="≈8 minutes on 2 CPU cores, then ≈3 for the visual part",
-                       visual=True),
+    "default": Profile("cpu-sweep", [0, 8, 32], 3, 240, visual=True,
+                       about="5–10 minutes on 2 CPU cores, then 5–9 for the visual part"),
     "quick": Profile("cpu-tiny", [0, 8, 16], 3, 60, overrides=["train.early_checkpoint=20", "train.diag_every=10",
                                                                  "train.checkpoint_every=0"], about="≤ 2 minutes",
                      visual=True),
