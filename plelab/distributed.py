@@ -77,6 +77,12 @@ def mean_across_ranks(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return value
 
 
-def shutdown(info: DistInfo) -> None:
+def shutdown(info: DistInfo, ok: bool = True) -> None:
+    """Destroy the process group at the end of a run. After a run that ended well every rank meets at a barrier
+    first, so that no rank tears the group down while another is still finishing (``destroy_process_group`` is
+    known to hang now and then when ranks arrive apart: pytorch/pytorch#75097). After an error there is no barrier:
+    the other ranks may never arrive."""
     if info.enabled and dist.is_initialized():
+        if ok:
+            dist.barrier()
         dist.destroy_process_group()

@@ -63,6 +63,7 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, *, data=None, resum
     cfg.validate()
     dist = init_distributed(resolve_device(cfg.train.device).type)
     say = log if dist.is_main else (lambda *a, **k: None)
+    ok = False
     try:
         data = prepare_data(cfg, progress=progress, dist=dist) if data is None else data
         entropy = data.unigram_entropy(cfg.model.vocab_size)
@@ -74,9 +75,10 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, *, data=None, resum
             where = f"; run in {out_dir}" if out_dir is not None else ""
             say(f"final validation loss {result.final_val_loss:.4f} nats; unigram entropy {entropy:.3f} "
                 f"({entropy - result.final_val_loss:+.3f} below it){where}")
+        ok = True
         return result
     finally:
-        shutdown(dist)
+        shutdown(dist, ok)
 
 
 __all__ = ["default_observers", "describe_data", "make_task", "make_trainer", "prepare_data", "train", "warm_caches"]
