@@ -54,6 +54,26 @@ def rotated(items: list, repeat: int) -> list:
     return items[k:] + items[:k]
 
 
+def block_medians(arms: dict, repeats: int, block: int, warmup: int = 0, before_repeat=None) -> dict[str, list[float]]:
+    """Per arm, per repeat: the median wall time of ``block`` calls of ``arms[name]()``, the arms in rotated order
+    in every repeat, after ``warmup`` untimed calls of each; ``before_repeat()`` runs at the start of each repeat."""
+    for fn in arms.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    for r in range(repeats):
+        if before_repeat is not None:
+            before_repeat()
+        for k in rotated(list(arms), r):
+            calls = []
+            for _ in range(block):
+                t0 = time.perf_counter()
+                arms[k]()
+                calls.append(time.perf_counter() - t0)
+            times[k].append(statistics.median(calls))
+    return times
+
+
 def machine() -> str:
     import os
     import platform

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 import warnings
 
 import torch
-from common import fmt_ci, machine, rotated
+from common import block_medians, fmt_ci, machine
 
 from plelab.config import resolve_config
 from plelab.model import build_model
@@ -84,18 +83,7 @@ def main() -> None:
         models["hf-defaults"] = hf_model(cfg, equal=False)
     arms = {k: step_fn(mod, x, y, k != "plelab") for k, mod in models.items()}
     n_params = {k: sum(p.numel() for p in mod.parameters()) for k, mod in models.items()}
-    for fn in arms.values():
-        for _ in range(args.warmup):
-            fn()
-    times = {k: [] for k in arms}
-    for r in range(args.repeats):
-        for name in rotated(list(arms), r):
-            block = []
-            for _ in range(args.block):
-                t0 = time.perf_counter()
-                arms[name]()
-                block.append(time.perf_counter() - t0)
-            times[name].append(statistics.median(block))
+    times = block_medians(arms, args.repeats, args.block, args.warmup)
     tokens = B * T
     m = cfg.model
     print(f"{args.preset} shape: V={V} H={m.hidden_size} L={m.num_hidden_layers} heads={m.num_attention_heads}/"

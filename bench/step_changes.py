@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
-from common import TIMING_ONLY, fmt_ci, machine, rotated
+from common import TIMING_ONLY, block_medians, fmt_ci, machine
 
 from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
@@ -46,18 +45,7 @@ def main() -> None:
     arms = {name: make_trainer(cfg, data, None, progress=False, log=lambda *a: None) for name in ("chunked", "plain")}
     assert isinstance(arms["plain"].task, TextTask)
     arms["plain"].task.loss = plain_loss
-    for tr in arms.values():
-        for _ in range(args.warmup):
-            tr.train_step()
-    times: dict[str, list[float]] = {k: [] for k in arms}
-    for r in range(args.repeats):
-        for k in rotated(list(arms), r):
-            block = []
-            for _ in range(args.block):
-                t0 = time.perf_counter()
-                arms[k].train_step()
-                block.append(time.perf_counter() - t0)
-            times[k].append(statistics.median(block))
+    times = block_medians({k: tr.train_step for k, tr in arms.items()}, args.repeats, args.block, args.warmup)
     print(f"{args.preset} dP={args.dp}; {machine()}")
     print(f"{args.repeats} repeats × {args.block} steps per arm, rotated order, {args.warmup} warm-up steps")
     for k in arms:

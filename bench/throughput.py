@@ -16,9 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
-from common import TIMING_ONLY, fmt_ci, machine, matmul_peak, mean_ci, rotated
+from common import TIMING_ONLY, block_medians, fmt_ci, machine, matmul_peak, mean_ci
 
 from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
@@ -49,20 +48,9 @@ def main() -> None:
     names = list(arms)
     data = prepare_data(arms[names[0]], progress=False)
     trainers = {k: make_trainer(c, data, None, progress=False, log=lambda *a: None) for k, c in arms.items()}
-    for tr in trainers.values():
-        for _ in range(args.warmup):
-            tr.train_step()
-    step_t = {k: [] for k in names}  # per repeat: median step time of the block
-    peaks = []
-    for r in range(args.repeats):
-        peaks.append(matmul_peak())
-        for k in rotated(names, r):
-            times = []
-            for _ in range(args.block):
-                t0 = time.perf_counter()
-                trainers[k].train_step()
-                times.append(time.perf_counter() - t0)
-            step_t[k].append(statistics.median(times))
+    peaks = []  # per repeat, measured before its blocks
+    step_t = block_medians({k: trainers[k].train_step for k in names}, args.repeats, args.block, args.warmup,
+                           before_repeat=lambda: peaks.append(matmul_peak()))  # per repeat: median step time
     c0 = arms[names[0]]
     tokens = c0.train.batch_size * c0.train.seq_len
     flops = {k: flops_per_token(c.model, c.ple, c.train.seq_len) for k, c in arms.items()}
