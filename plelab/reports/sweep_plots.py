@@ -11,6 +11,7 @@ import numpy as np
 
 from plelab.reports.figures import finish_axes, pyplot, save_figure
 from plelab.sweeps.results import SweepResults
+from plelab.sweeps.spec import CURVE_CONTROLS
 from plelab.sweeps.stats import t_quantile
 
 _FAMILY_STYLE = {"dP": ("C0", "o", "main (Gemma)"), "frozen": ("C1", "s", "table frozen"),
@@ -31,7 +32,7 @@ def _curves(res: SweepResults) -> dict[str, list]:
     """family -> [(x, added params, arm name)] with the baseline first."""
     base = res.spec.baseline
     out = {}
-    for fam in _FAMILY_STYLE:  # the curves: families with an arm at every dP
+    for fam in ("dP", *CURVE_CONTROLS):  # the curves: families with an arm at every dP
         arms = sorted((a for a in res.spec.arms if a.family == fam and a.x > 0 and a.name in res.runs),
                       key=lambda a: a.x)
         if arms:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from plelab.diagnostics.verdict import verdict
 from plelab.sweeps import blocked, stats
 from plelab.sweeps.results import SweepResults
+from plelab.sweeps.spec import CURVE_CONTROLS
 
 
 def _family(res: SweepResults, pairs: list[tuple[str, str]], steps: bool = True, many_to_one: bool = False,
@@ -69,10 +70,10 @@ def arm_rows(res: SweepResults, vs_base: dict[str, stats.Comparison]) -> list[di
         acc = res.accounting[arm.name]
         mean, sd = stats.mean_sd([r.loss for r in runs.values()])
         cmp = vs_base.get(arm.alias_of or arm.name) if arm.name != base_name else None
-        verdicts = [v for r in runs.values() if (v := _run_verdict(r, "final"))]
+        judged = [(r, v) for r in runs.values() if (v := _run_verdict(r, "final"))]
+        verdicts = [v for _, v in judged]
         # STRUCTURE pairs each run with the next seed's: only the disjoint pairs are independent evidence
-        pairs = [v[0] for r in runs.values() if (v := _run_verdict(r, "final"))
-                 and r.structure.get("final", {}).get("independent", True)]
+        pairs = [v[0] for r, v in judged if r.structure.get("final", {}).get("independent", True)]
         snr = [r.signal.get("snr") for r in runs.values() if r.signal.get("snr") is not None]
         occ = [r.occurrences.get("median") for r in runs.values() if r.occurrences]
         rows.append({
@@ -212,8 +213,7 @@ def analyse(res: SweepResults) -> dict:
     consecutive = _family(res, list(zip(main, main[1:])), methods=methods, name="consecutive")
     controls = _family(res, [(a.reference, a.name) for a in spec.arms if a.reference and a.alias_of is None],
                        steps=False, methods=methods, name="controls")
-    curve_families = sorted({a.family for a in spec.arms
-                             if a.family in ("frozen", "zero", "iid", "matched", "gate-scalar", "gate-vector")})
+    curve_families = sorted({a.family for a in spec.arms if a.family in CURVE_CONTROLS})
     curves = {}
     for fam in curve_families:
         names = _curve(res, fam)

@@ -42,6 +42,7 @@ from plelab.io import check_name, write_json
 
 CONTROLS = ("frozen", "zero", "iid", "matched", "table-lr", "boost", "gate-scalar", "gate-vector", "trunk-params",
             "trunk-flops")
+CURVE_CONTROLS = ("frozen", "zero", "iid", "matched", "gate-scalar", "gate-vector")  # crossed with every dP: curves
 SPEC_FILE = "sweep.json"
 BOOST = 4.0
 TABLE_LR_FACTORS = (1 / 3, 3.0)

@@ -112,15 +112,15 @@ def visual_study(out: str | Path | None = None, *, quick: bool = False, design: 
     profile = "quick" if quick else "default"
     preset, base = config_file_overrides(config, None, VISUAL_PROFILES[profile].preset)
     out = Path(out) if out else Path("runs") / time.strftime(f"visual-{profile}-%Y%m%d-%H%M%S")
-    spec = visual_spec(profile, chosen, dp=dp, seeds=seeds, design=design, lambdas=list(lambdas), features=features,
-                       preset=preset, base=base, overrides=list(overrides))
+    options = dict(dp=dp, seeds=seeds, design=design, lambdas=list(lambdas), features=features, preset=preset,
+                   base=base, overrides=list(overrides))
+    spec = visual_spec(profile, chosen, **options)
     v = resolve_config(spec.preset, [*spec.overrides, *spec.arm("none").overrides], steps=spec.steps).visual
     possible = v.data is None and v.k >= OracleIDs.NEEDED
     if gate and not possible:
         raise ConfigError(f"--gate needs the oracle, which needs the embedded scenes (no visual.data) and visual.k >= "
                           f"{OracleIDs.NEEDED}; drop --gate (the report then says the study is ungated)")
     if gate or (gate is None and possible):
-        spec = visual_spec(profile, chosen, dp=dp, seeds=seeds, design=design, lambdas=list(lambdas),
-                           features=features, preset=preset, base=base, overrides=list(overrides), gate=True)
+        spec = visual_spec(profile, chosen, **options, gate=True)
     run_sweep(out, merge_spec(out, spec), jobs=jobs, progress=progress)
     return write_visual_report(out)

@@ -144,12 +144,17 @@ def _metric(run, metric: str) -> float:
     return run.loss if metric == "caption" else run.visual.get(metric, float("nan"))
 
 
+def _values(res: SweepResults, metric: str) -> dict[str, dict[int, float]]:
+    """arm -> seed -> ``metric`` (finite values only)."""
+    return {arm: {s: v for s, r in by_seed.items() if math.isfinite(v := _metric(r, metric))}
+            for arm, by_seed in res.runs.items()}
+
+
 def paired_family(res: SweepResults, pairs: list[tuple[str, str]], metric: str) -> list[stats.Comparison]:
     """``b − a`` on ``metric`` (``caption`` = the run's loss, or a summary key) for each pair, paired by seed, as one
     family (:func:`plelab.sweeps.blocked.analyse_family`: seeds as blocks with a pooled error where the design holds,
     Dunnett when every pair shares its ``a``, else Holm; pairs without a common seed are left out)."""
-    values = {arm: {s: v for s, r in by_seed.items() if math.isfinite(v := _metric(r, metric))}
-              for arm, by_seed in res.runs.items()}
+    values = _values(res, metric)
     many_to_one = len(pairs) > 1 and len({a for a, _ in pairs}) == 1
     comps, _ = blocked.analyse_family(values, pairs, res.spec.delta, res.spec.alpha, steps=False,
                                       many_to_one=many_to_one)
@@ -184,8 +189,7 @@ def interaction_family(values: dict[str, dict[int, float]], cells: list[tuple[st
 def fix_interactions(res: SweepResults, metric: str) -> dict[str, list[dict]]:
     """Per λ of the ``fix`` design: :func:`interaction_family` over the tokenizers (table off and λ = 0 is the
     no-table arm, ``res.spec.baseline``)."""
-    values = {arm: {s: v for s, r in by_seed.items() if math.isfinite(v := _metric(r, metric))}
-              for arm, by_seed in res.runs.items()}
+    values = _values(res, metric)
     cells: dict[str, list[tuple[str, str, str, str]]] = {}
     for arm in res.spec.arms:
         if arm.family.startswith("fix: table on, λ="):
