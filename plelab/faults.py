@@ -1,7 +1,8 @@
 """Fault injection for crash tests: ``PLELAB_FAULT=POINT:STEP`` SIGKILLs the process at that point.
 
-Points: ``after_step`` (right after optimizer step STEP, before any checkpoint of it) and
-``mid_checkpoint`` (while checkpoint STEP is being written: weights on disk, the rest not).
+Points: ``after_step`` (right after optimizer step STEP, before any checkpoint of it),
+``mid_checkpoint`` (while checkpoint STEP is being written: weights on disk, the rest not) and
+``ingest_batch`` (after batch STEP of a streaming ingest is written to its temporary shards).
 Unset in normal use; the kill is a real ``kill -9`` of this process.
 """
 

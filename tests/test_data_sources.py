@@ -1,7 +1,6 @@
 """Users' data: every supported format for real, and a one-line error for every bad input."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +15,7 @@ TEXTS = [f"Record {i}: per-layer embeddings give every layer its own lookup of t
 def test_text_file_and_folder(tmp_path):
     (tmp_path / "a.txt").write_text("\n\n".join(TEXTS[:25]))
     (tmp_path / "b.md").write_text("\n\n".join(TEXTS[25:]))
-    (tmp_path / "ignored.bin").write_bytes(b"\x00\x01")
+    (tmp_path / "ignored.dat").write_bytes(b"\x00\x01")
     folder = user_corpus(tmp_path)
     single = user_corpus(tmp_path / "a.txt")
     assert "".join(folder.documents).count("Record") == 50
@@ -77,10 +76,14 @@ def test_missing_unreadable_and_empty_folder(tmp_path, monkeypatch):
     locked = tmp_path / "locked.txt"
     locked.write_text("secret")
 
-    def deny(self):
-        raise PermissionError(13, "Permission denied")
+    real_open = open
 
-    monkeypatch.setattr(Path, "read_bytes", deny)
+    def deny(path, *args, **kwargs):
+        if str(path).endswith("locked.txt"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", deny)
     with pytest.raises(PlelabError, match="cannot read .*locked.txt: Permission denied"):
         user_corpus(locked)
 

@@ -104,6 +104,28 @@ def work(tmp_path_factory):
     for name, size in (("tok-fits.json", VOCAB), ("tok-too-big.json", VOCAB + 50)):
         Tokenizer(models.WordLevel({f"w{i}": i for i in range(size)}, unk_token="w0")).save(str(w / name))
     (w / "words.txt").write_text(" ".join(f"w{i % VOCAB}" for i in range(4000)))
+    tok = w / "tok"  # token shards and compressed / columnar text (issue 18)
+    tok.mkdir()
+    (tok / "odd.bin").write_bytes(b"\x01\x00\x02")
+    (tok / "empty.bin").write_bytes(b"")
+    np.save(tok / "big.npy", np.arange(1000, dtype=np.uint16))
+    np.save(tok / "u32.npy", np.arange(100, dtype=np.uint32))
+    (tok / "cut.npy").write_bytes((tok / "u32.npy").read_bytes()[:200])
+    np.save(tok / "empty.npy", np.zeros(0, dtype=np.uint16))
+    import gzip
+
+    lines = "".join(json.dumps({"text": " ".join(random.Random(i).choices(["spam", "eggs", "ham"], k=50))}) + "\n"
+                    for i in range(400))
+    packed = gzip.compress(lines.encode())
+    (tok / "corrupt.jsonl.gz").write_bytes(packed[:len(packed) // 2])
+    mixed = w / "mixed"
+    mixed.mkdir()
+    (mixed / "a.txt").write_text("some text")
+    np.arange(10, dtype=np.uint16).tofile(mixed / "b.bin")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["a document"] * 10}), tok / "notext.parquet")
     siglip = w / "siglip-pickle"
     siglip.mkdir()
     (siglip / "config.json").write_text(json.dumps({"model_type": "siglip_vision_model", "hidden_size": 32}))
@@ -156,6 +178,7 @@ def _set_arm_name(root: Path, name: str) -> None:
 
 
 TRAIN = ["train", "--preset", "cpu-tiny", "--steps", "2", "--no-progress"]
+INGEST = ["ingest", "--no-progress"]
 
 
 def _train_config(name: str, out: str):
@@ -178,6 +201,33 @@ CASES = {
     "train-missing-corpus": (lambda w: [*TRAIN, "--data", f"{w}/nowhere.txt", "--out", f"{w}/o/5"], "does not exist"),
     "train-corpus-folder-without-text": (lambda w: [*TRAIN, "--data", f"{w}/empty-dir", "--out", f"{w}/o/6"],
                                          "has no .txt/.md/.text/.jsonl/.parquet files"),
+    # token shards, compressed and columnar text, mixtures (plelab ingest; train reads the same way)
+    "ingest-truncated-bin": (lambda w: [*INGEST, "--data", f"{w}/tok/odd.bin", "--set", "data.token_dtype=uint16"],
+                             "odd.bin has 3 bytes, not a whole number of uint16 ids"),
+    "ingest-truncated-npy": (lambda w: [*INGEST, "--data", f"{w}/tok/cut.npy"], "cut.npy: mmap length is greater"),
+    "ingest-empty-shard": (lambda w: [*INGEST, "--data", f"{w}/tok/empty.npy"], "empty.npy is empty"),
+    "ingest-empty-bin": (lambda w: [*INGEST, "--data", f"{w}/tok/empty.bin", "--set", "data.token_dtype=uint16"],
+                         "empty.bin is empty"),
+    "ingest-bin-without-dtype": (lambda w: [*INGEST, "--data", f"{w}/tok/odd.bin"], "--set data.token_dtype=uint16"),
+    "ingest-ids-beyond-the-vocabulary": (lambda w: [*INGEST, "--data", f"{w}/tok/big.npy", "--vocab-size", "512"],
+                                         "big.npy holds id 999, beyond model.vocab_size=512"),
+    "train-ids-beyond-the-vocabulary": (lambda w: [*TRAIN, "--data", f"{w}/tok/big.npy", "--out", f"{w}/o/tok"],
+                                        "raise --vocab-size to at least 1,000"),
+    "ingest-dtype-does-not-match": (lambda w: [*INGEST, "--data", f"{w}/tok/u32.npy", "--set",
+                                               "data.token_dtype=uint16"],
+                                    "holds uint32 ids but data.token_dtype=uint16"),
+    "ingest-corrupt-gz": (lambda w: [*INGEST, "--data", f"{w}/tok/corrupt.jsonl.gz"],
+                          "corrupt.jsonl.gz: the archive is damaged or truncated"),
+    "ingest-folder-mixing-formats": (lambda w: [*INGEST, "--data", f"{w}/mixed"],
+                                     "mixes text files (a.txt) with token"),
+    "ingest-parquet-without-text-column": (lambda w: [*INGEST, "--data", f"{w}/tok/notext.parquet"],
+                                           "has no column 'text' (columns: body)"),
+    "ingest-weights-do-not-parse": (lambda w: [*INGEST, "--data", f"{w}/other.txt:lots", "--data",
+                                               f"{w}/latin1.txt:1"], "give PATH:WEIGHT with a weight > 0"),
+    "ingest-unknown-val-shard": (lambda w: [*INGEST, "--data", f"{w}/tok/u32.npy", "--set", "data.val_shard=x.npy"],
+                                 "data.val_shard='x.npy' is not one of the shards"),
+    "ingest-token-dtype-on-text": (lambda w: [*INGEST, "--data", f"{w}/other.txt", "--set", "data.token_dtype=uint16"],
+                                   "data.token_dtype applies to pre-tokenized shards"),
     "train-tokenizer-is-a-folder": (lambda w: [*TRAIN, "--tokenizer", f"{w}/empty-dir", "--out", f"{w}/o/7"],
                                     "pass a HF tokenizer.json"),
     "train-tokenizer-is-a-pickle": (lambda w: [*TRAIN, "--tokenizer", f"{w}/payload.pt", "--out", f"{w}/o/8"],
@@ -415,6 +465,7 @@ def test_malformed_input(case, work, capsys):
     after = _snapshot(work)
     changed = [p for p, h in before.items() if after.get(p) != h]
     assert not changed, f"{case} changed or removed {changed[:3]}"
+    assert not list(Path(os.environ["PLELAB_CACHE"]).glob("ingest/.*")), "an ingest left a half-written cache entry"
     assert not (work / "PWNED").exists() and not (work / "escaped").exists() and not (work / "cases" / "x").exists()
 
 

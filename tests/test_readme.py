@@ -1,4 +1,5 @@
-"""Every Python snippet in README.md runs as written (in a fresh folder, one namespace per snippet)."""
+"""Every Python snippet in README.md runs as written (in a fresh folder, one namespace per snippet), and every
+``plelab`` command line in it parses."""
 
 from __future__ import annotations
 
@@ -25,3 +26,32 @@ def test_readme_snippet_runs(index, tmp_path, monkeypatch):
     torch.manual_seed(0)
     code = python_snippets()[index]
     exec(compile(code, f"README.md python snippet {index + 1}", "exec"), {"__name__": f"readme_{index}"})
+
+
+def plelab_commands() -> list[str]:
+    """Every ``plelab ...`` command line in the README's bash blocks (comments and ``\\`` continuations resolved)."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = line.split(" #")[0].strip()
+            if line.startswith("plelab ") and " ... " not in line:  # "..." marks an elided example
+                lines.append(line)
+    return lines
+
+
+def test_every_plelab_command_in_the_readme_parses():
+    import shlex
+
+    from plelab.cli import build_parser
+
+    commands = plelab_commands()
+    assert any(c.startswith("plelab ingest") for c in commands)
+    parser = build_parser()
+    for command in commands:
+        argv = [a for a in shlex.split(command)[1:] if a not in ("&&",)]
+        try:
+            parser.parse_args(argv)
+        except SystemExit as exc:
+            if exc.code:
+                raise AssertionError(f"README command does not parse: {command}") from None

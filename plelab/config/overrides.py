@@ -94,6 +94,8 @@ def get_value(cfg: Any, key: str) -> Any:
 
 
 def _type_name(typ: Any) -> str:
+    if get_origin(typ) is list:
+        return f"a list of {_type_name(get_args(typ)[0])} (comma-separated on the command line)"
     if get_origin(typ) is Literal:
         return " | ".join(str(a) for a in get_args(typ))
     args = [a for a in get_args(typ) if a is not type(None)]
@@ -112,6 +114,14 @@ def _coerce(key: str, typ: Any, value: Any, from_text: bool) -> Any:
         inner = [a for a in args if a is not type(None)]
         return _coerce(key, inner[0], value, from_text)
     bad = ConfigError(f"invalid config value {key}={value!r}: allowed {_type_name(typ)}")
+    if origin is list:
+        if from_text and isinstance(value, str):
+            text = value.strip()
+            value = [] if text in ("", "[]") or text.lower() in NONE_WORDS else \
+                [v.strip() for v in text.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        return [_coerce(key, get_args(typ)[0], v, from_text) for v in value]
     if origin is Literal:
         if value not in get_args(typ):
             raise bad

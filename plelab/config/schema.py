@@ -250,19 +250,32 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    """Where the training text comes from."""
+    """Where the training tokens come from: text (streamed into token shards) or pre-tokenized shards."""
 
-    # None means the embedded default corpus (the interpreter's own documentation).
+    # None means the embedded default corpus (the interpreter's own documentation). Text: a .txt/.md, .jsonl
+    # (.gz/.zst), .parquet file, a folder of them, or a HF datasets folder; tokens: a .bin/.npy file or folder.
     path: str | None = field(default=None, metadata=_ADVISE)
+    # A mixture instead of one path: PATH:WEIGHT entries (weights normalised), e.g. ["web/:0.7", "code/:0.3"].
+    mix: list[str] = field(default_factory=list, metadata=_ADVISE)
     # Field (JSONL) or column (Parquet, HF datasets) that holds the text.
     text_field: str = "text"
-    # An existing tokenizer.json; None trains a byte-level BPE on the corpus (cached).
+    # An existing tokenizer.json; None trains a byte-level BPE on a sample of the corpus (cached).
     tokenizer: str | None = field(default=None, metadata=_ADVISE)
     val_fraction: float = field(default=0.05, metadata=_ADVISE)
+    # Characters of text the BPE is trained on at most (a streamed, hash-drawn sample; the embedded corpus fits).
+    tokenizer_sample_chars: int = field(default=100_000_000, metadata=_ADVISE)
+    # The id type of .bin token shards (nanoGPT writes uint16); .npy files carry their own.
+    token_dtype: Literal["uint16", "uint32"] | None = None
+    # Pre-tokenized folders: the shard held out for validation (its file name); None = a val_fraction of blocks.
+    val_shard: str | None = field(default=None, metadata=_ADVISE)
 
     def validate(self) -> None:
         _require(0 < self.val_fraction < 1, "data.val_fraction", self.val_fraction, "a number in (0, 1)")
         _require(bool(self.text_field), "data.text_field", self.text_field, "a non-empty field name")
+        _require(self.tokenizer_sample_chars >= 1_000, "data.tokenizer_sample_chars", self.tokenizer_sample_chars,
+                 "an integer >= 1000")
+        _require(not (self.mix and self.path), "data.mix", self.mix, "empty when data.path is set (give one or the "
+                 "other: --data PATH, or --data PATH:WEIGHT twice or more)")
 
 
 @dataclass

@@ -62,14 +62,23 @@ def _module_docstrings(path: Path) -> str:
     return "\n\n".join(docs)
 
 
+def embedded_key() -> str:
+    """What identifies the embedded corpus without extracting it: the interpreter, its stdlib path, the rules."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return hashlib.sha256(f"{sys.version}|{root}|{_EXTRACTOR_VERSION}".encode()).hexdigest()[:16]
+
+
+def embedded_name() -> str:
+    return f"python{sys.version_info.major}.{sys.version_info.minor}-docs"
+
+
 def embedded_corpus() -> Corpus:
     """The interpreter's documentation topics and standard-library docstrings (deterministic).
 
     Extracted once per interpreter and cached as JSON in the plelab cache folder.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
-    name = f"python{sys.version_info.major}.{sys.version_info.minor}-docs"
-    key = hashlib.sha256(f"{sys.version}|{root}|{_EXTRACTOR_VERSION}".encode()).hexdigest()[:16]
+    name, key = embedded_name(), embedded_key()
     cached = cache_dir("corpus") / f"{name}-{key}.json"
     if cached.exists():
         try:

@@ -1,30 +1,166 @@
-"""From a config to token streams: corpus -> tokenizer -> cached, memory-mapped token files.
+"""From a config to token streams: sources -> tokenizer -> token shards (cached, memory-mapped) -> one or a mixture.
 
-Under torchrun, rank 0 does the work first (training the tokenizer, writing the caches)
-while the other ranks wait; they then read the same cached files.
+- Text sources are streamed into shards by :func:`plelab.data.streaming.ingest_source`; pre-tokenized ones
+  (``.bin``/``.npy``) are memory-mapped where they lie (:func:`plelab.data.pretokenized.pretokenized_data`).
+- The tokenizer: ``data.tokenizer`` if given; else a byte-level BPE trained on a bounded sample of the
+  text (:func:`plelab.data.tokenizer.sampled_tokenizer`; a mixture samples each source by its weight),
+  indexed by the sources' (path, size, mtime) so that a warm run finds it without reading any text.
+  Token shards without a tokenizer take their vocabulary from ``model.vocab_size``.
+- Under torchrun, rank 0 does the work first (training the tokenizer, writing the shards) while the
+  other ranks wait; they then read the same cached files. Separate processes are serialised by the
+  cache's lock files.
 """
 
 from __future__ import annotations
 
-from plelab.config.schema import RunConfig
-from plelab.data.sources import load_corpus
-from plelab.data.tokenizer import get_tokenizer
-from plelab.data.tokens import TokenData, prepare_tokens
+import hashlib
+import json
+import time
+
+from tokenizers import Tokenizer
+
+from plelab.config.schema import DataConfig, RunConfig
+from plelab.data.mixture import parse_mixture
+from plelab.data.pretokenized import pretokenized_data
+from plelab.data.shards import TokenStream
+from plelab.data.sources import Source, iter_documents, resolve_source, source_manifest
+from plelab.data.streaming import NotReady, cache_lock, ingest_source, source_identity
+from plelab.data.tokenizer import Sample, check_fits, load_tokenizer, sampled_tokenizer
+from plelab.data.tokens import TokenData
 from plelab.distributed import DistInfo, all_ranks_ok
 from plelab.errors import PlelabError
+from plelab.io import atomic_write, cache_dir
+
+# Characters of text per byte on disk, to size the tokenizer sample before reading (compressed formats hold more).
+_CHARS_PER_BYTE = {".gz": 4.0, ".zst": 4.0, ".parquet": 3.0}
 
 
-def prepare_data(cfg: RunConfig, progress: bool = True, dist=None) -> TokenData:
+def estimated_chars(src: Source) -> float:
+    """Characters of text a source holds, estimated from its file sizes (the embedded corpus: its own count)."""
+    if src.kind in ("embedded", "corpus"):
+        return 0.0  # small: always sampled whole
+    return sum(size * next((v for k, v in _CHARS_PER_BYTE.items() if rel.lower().endswith(k)), 1.0)
+               for rel, size, _ in source_manifest(src))
+
+
+def data_sources(data: DataConfig) -> list[tuple[Source, float]]:
+    """The configured sources and their weights (one source: weight 1)."""
+    entries = parse_mixture(data.mix) if data.mix else [(data.path, 1.0)]
+    return [(resolve_source(p, data.text_field), w) for p, w in entries]
+
+
+def _text_sample(sources: list[tuple[Source, float]], sample_chars: int):
+    """A factory of the tokenizer sample's documents: each text source gives its weight's share of the sample."""
+    def documents():
+        for src, w in sources:
+            budget = sample_chars * w
+            est = estimated_chars(src)
+            yield from Sample(iter_documents(src), 1.0 if est <= budget else budget / est, int(budget))
+    return documents
+
+
+def resolve_tokenizer(data: DataConfig, sources: list[tuple[Source, float]], vocab_size: int,
+                      progress: bool = True, build: bool = True) -> Tokenizer | None:
+    """The run's tokenizer (see the module docstring); None for token shards without one."""
+    if data.tokenizer is not None:
+        return check_fits(load_tokenizer(data.tokenizer), vocab_size)
+    text = [(s, w) for s, w in sources if s.kind != "tokens"]
+    if not text:
+        return None
+    if len(text) < len(sources):
+        raise PlelabError("a mixture of text and token shards needs the tokenizer the shards were made with: "
+                          "pass --tokenizer tokenizer.json")
+    key = hashlib.sha256(json.dumps([[source_identity(s), w] for s, w in text] + [vocab_size,
+                                     data.tokenizer_sample_chars], sort_keys=True).encode()).hexdigest()[:20]
+    index = cache_dir("tokenizers", "by-source") / f"{key}.json"
+    if index.exists():
+        return check_fits(load_tokenizer(index), vocab_size)
+    if not build:
+        raise NotReady(f"no tokenizer has been trained for {', '.join(s.name for s, _ in text)} yet; run plelab ingest "
+                       "with the same flags")
+    with cache_lock(f"tokenizer-{key}"):  # another process may be training it: wait, then take its file
+        if index.exists():
+            return check_fits(load_tokenizer(index), vocab_size)
+        total = sum(w for _, w in text)
+        documents = _text_sample([(s, w / total) for s, w in text], data.tokenizer_sample_chars)
+        if next(iter(documents()), None) is None:
+            names = ", ".join(str(s.path) for s, _ in text)
+            raise PlelabError(f"data path {names} holds no text (empty files or empty text fields); "
+                              "pass non-empty UTF-8 text")
+        tok, _ = sampled_tokenizer(documents, vocab_size, 1.0, 1 << 62, progress)
+        atomic_write(index, lambda p: tok.save(str(p)))
+    return tok
+
+
+def _combine(parts: list[TokenData], weights: list[float]) -> TokenData:
+    """One :class:`TokenData` for a mixture: the streams concatenated, the sources and weights kept for sampling."""
+    fp = hashlib.sha256(json.dumps([[d.corpus_fingerprint, w] for d, w in zip(parts, weights)]).encode()).hexdigest()
+    def cat(streams):
+        return TokenStream([p for s in streams for p in (s.parts if isinstance(s, TokenStream) else [s])])
+    return TokenData(cat(d.train for d in parts), cat(d.val for d in parts), fp, "+".join(d.corpus_name for d in parts),
+                     sum(d.n_train_docs for d in parts), sum(d.n_val_docs for d in parts),
+                     sum(d.n_duplicates for d in parts), parts[0].tokenizer_json, sum(d.n_pieces for d in parts),
+                     unit="documents" if len({d.unit for d in parts}) > 1 else parts[0].unit,
+                     mixture=[(d.corpus_name, d.train, w) for d, w in zip(parts, weights)],
+                     val_mixture=[(d.corpus_name, d.val, w) for d, w in zip(parts, weights)],
+                     location=[d.location for d in parts])
+
+
+def load_data(data: DataConfig, vocab_size: int, progress: bool = True, verify: bool = False,
+              log=print, build: bool = True) -> TokenData:
+    """Token data for a data config, in this process (no torchrun coordination: see :func:`prepare_data`).
+    ``verify``: re-hash cached text; ``build=False``: only what the cache holds, else :class:`NotReady`."""
+    sources = data_sources(data)
+    tok = resolve_tokenizer(data, sources, vocab_size, progress, build)
+    parts = []
+    for src, _ in sources:
+        if src.kind == "tokens":
+            parts.append(pretokenized_data(src, vocab_size, tok, data.val_fraction, data.token_dtype, data.val_shard))
+        else:
+            if data.token_dtype is not None or data.val_shard is not None:
+                key = "data.token_dtype" if data.token_dtype is not None else "data.val_shard"
+                raise PlelabError(f"{key} applies to pre-tokenized shards (.bin/.npy), and {src.name} is text; "
+                                  f"drop {key}")
+            parts.append(ingest_source(src, tok, data.val_fraction, progress=progress, verify=verify, log=log,
+                                       build=build))
+    return parts[0] if len(parts) == 1 else _combine(parts, [w for _, w in sources])
+
+
+def data_summary(data: TokenData) -> dict:
+    """What ``plelab ingest`` reports about prepared data."""
+    split = (f"{data.n_pieces:,} pieces of too few documents" if data.n_pieces else
+             f"{data.n_train_docs:,} train / {data.n_val_docs:,} validation {data.unit}")
+    if data.n_duplicates:
+        split += f", {data.n_duplicates:,} duplicates removed"
+    out = {"name": data.corpus_name, "fingerprint": data.corpus_fingerprint, "train_tokens": len(data.train),
+           "val_tokens": len(data.val), "dtype": str(data.train.dtype), "split": split, "location": data.location,
+           "n_train": data.n_train_docs, "n_val": data.n_val_docs, "unit": data.unit, "duplicates": data.n_duplicates}
+    if data.mixture:
+        out["mixture"] = [{"name": n, "train_tokens": len(s), "weight": w} for n, s, w in data.mixture]
+        out["location"] = "; ".join(f"{n}: {d}" for n, d in zip((n for n, _, _ in data.mixture), data.location or []))
+    return out
+
+
+def ingest(cfg: RunConfig, progress: bool = True, verify: bool = False, check: bool = False, dist=None) -> dict:
+    """What ``plelab ingest`` does: prepare the data of ``cfg`` (with ``check``, only look it up: :class:`NotReady`
+    if something is missing) and return its :func:`data_summary`, with the seconds it took."""
+    t0 = time.perf_counter()
+    data = prepare_data(cfg, progress=progress, dist=dist, verify=verify, build=not check)
+    return {**data_summary(data), "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def prepare_data(cfg: RunConfig, progress: bool = True, dist=None, verify: bool = False,
+                 build: bool = True) -> TokenData:
+    """:func:`load_data` for a run config, coordinated under torchrun (rank 0 first, the others then read)."""
     dist = dist or DistInfo()
 
-    def build() -> TokenData:
-        corpus = load_corpus(cfg.data.path, cfg.data.text_field)
-        tok = get_tokenizer(corpus, cfg.model.vocab_size, cfg.data.tokenizer, show_progress=progress and dist.is_main)
-        return prepare_tokens(corpus, tok, cfg.data.val_fraction)
+    def run() -> TokenData:
+        return load_data(cfg.data, cfg.model.vocab_size, progress=progress and dist.is_main, verify=verify,
+                         build=build)
 
     if dist.is_main:
         try:
-            data = build()
+            data = run()
         except PlelabError:
             all_ranks_ok(False, dist)  # release the other ranks, then report here
             raise
@@ -32,4 +168,4 @@ def prepare_data(cfg: RunConfig, progress: bool = True, dist=None) -> TokenData:
         return data
     if not all_ranks_ok(True, dist):
         raise PlelabError("rank 0 could not prepare the data (its message says why)")
-    return build()
+    return run()

@@ -1,39 +1,175 @@
-"""Users' own text: plain-text files or folders, JSONL, Parquet, or a local HF ``datasets`` folder.
+"""Users' own text, streamed: plain text, JSONL (also ``.gz`` / ``.zst``), Parquet by row group, HF ``datasets``
+folders.
 
-Every reader returns a :class:`~plelab.data.corpus.Corpus`. Bad inputs (missing, empty,
-binary, non-UTF-8, unreadable, malformed JSON, missing text field) raise a one-line
-:class:`~plelab.errors.PlelabError` that names the file and the problem.
+A source is resolved once (:func:`resolve_source`: which files, of which kind) and then read as a
+stream of documents (:func:`iter_documents`) in bounded memory: text files in blocks, JSONL line
+by line through the decompressor, Parquet one record batch at a time, a ``save_to_disk`` folder
+through its memory-mapped Arrow files. :func:`source_manifest` lists (path, size, mtime) without
+reading anything, so a warm cache is recognised without re-reading the text.
+
+Bad inputs (missing, empty, binary, non-UTF-8, unreadable, malformed JSON, a corrupt archive, a
+missing text field, a folder mixing text with token shards) raise a one-line
+:class:`~plelab.errors.PlelabError` naming the file and the fix.
 """
 
 from __future__ import annotations
 
+import codecs
+import gzip
+import io
 import json
 import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from plelab.data.corpus import Corpus, embedded_corpus
+from plelab.data.corpus import Corpus, embedded_corpus, embedded_name
 from plelab.errors import PlelabError
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
+COMPRESSED = (".gz", ".zst")
+TOKEN_SUFFIXES = (".bin", ".npy")  # pre-tokenized shards (plelab.data.pretokenized)
 READABLE_SUFFIXES = (*TEXT_SUFFIXES, ".jsonl", ".parquet")
+BLOCK_BYTES = 1 << 20  # text files are read this many bytes at a time
+MAX_PARAGRAPH = 4 << 20  # a "paragraph" with no blank line for this many characters is cut here
 
 
-def _read_bytes(path: Path) -> bytes:
+@dataclass(frozen=True)
+class Source:
+    """One resolved data path. ``kind``: ``embedded`` | ``files`` (text / JSONL / Parquet) | ``hf`` | ``tokens``, or
+    ``corpus`` (documents already in memory)."""
+
+    path: Path | None
+    kind: str
+    files: tuple[Path, ...] = ()
+    text_field: str = "text"
+    corpus: Corpus | None = None
+
+    @property
+    def name(self) -> str:
+        if self.corpus is not None:
+            return self.corpus.name
+        return embedded_name() if self.path is None else self.path.name
+
+
+def file_kind(path: Path) -> str | None:
+    """``text`` | ``jsonl`` | ``parquet`` | ``tokens`` by name (compression suffixes looked through), else None."""
+    name = path.name.lower()
+    for comp in COMPRESSED:
+        if name.endswith(comp):
+            name = name[:-len(comp)]
+            break
+    if name.endswith(".jsonl"):
+        return "jsonl"
+    if name.endswith(".parquet") and name == path.name.lower():
+        return "parquet"
+    if name.endswith(TEXT_SUFFIXES):
+        return "text"
+    if name.endswith(TOKEN_SUFFIXES) and name == path.name.lower():
+        return "tokens"
+    return None
+
+
+def _is_hf_dataset_dir(path: Path) -> bool:
+    return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+
+
+def resolve_source(path: str | os.PathLike | None, text_field: str = "text") -> Source:
+    """Which files ``path`` names and what they hold; ``None`` is the embedded corpus. A folder is read
+    recursively in sorted order; it may hold text formats or token shards, not both."""
+    if path is None:
+        return Source(None, "embedded", text_field=text_field)
+    p = Path(path)
+    if not p.exists():
+        raise PlelabError(f"data path {p} does not exist; pass a text/JSONL/Parquet file, token shards or a folder")
+    if p.is_file():
+        return Source(p, "tokens" if file_kind(p) == "tokens" else "files", (p,), text_field)
+    if _is_hf_dataset_dir(p):
+        return Source(p, "hf", tuple(sorted(f for f in p.rglob("*") if f.is_file())), text_field)
+    found = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+    text = [f for f in found if file_kind(f) in ("text", "jsonl", "parquet")]
+    tokens = [f for f in found if file_kind(f) == "tokens"]
+    if text and tokens:
+        raise PlelabError(f"data folder {p} mixes text files ({text[0].name}) with token shards ({tokens[0].name}); "
+                          "give each its own folder (a mixture takes several --data PATH:WEIGHT)")
+    if not text and not tokens:
+        raise PlelabError(f"data folder {p} has no {'/'.join(READABLE_SUFFIXES)} files (plain, .gz or .zst) "
+                          "and no .bin/.npy token shards")
+    return Source(p, "tokens" if tokens else "files", tuple(tokens or text), text_field)
+
+
+def source_manifest(src: Source) -> list[list]:
+    """``[[relative path, size, mtime_ns], ...]`` of the source's files: what a warm cache is recognised by."""
+    if src.kind in ("embedded", "corpus"):
+        return []
+    out = []
+    for f in src.files:
+        st = f.stat()
+        rel = f.name if f == src.path else str(f.relative_to(src.path))
+        out.append([rel, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def _open_binary(path: Path):
     try:
-        return path.read_bytes()
+        if path.name.lower().endswith(".gz"):
+            return gzip.open(path, "rb")
+        if path.name.lower().endswith(".zst"):
+            try:
+                import zstandard  # optional: the data extra, for .zst archives
+            except ImportError:
+                raise PlelabError(f"reading {path} needs zstandard: pip install zstandard") from None
+            return zstandard.open(path, "rb")
+        return open(path, "rb")
     except IsADirectoryError:
         raise PlelabError(f"{path} is a folder where a file was expected") from None
     except OSError as err:
         raise PlelabError(f"cannot read {path}: {err.strerror or err}; check the path and its permissions") from None
 
 
-def _decode(path: Path, data: bytes) -> str:
-    if b"\x00" in data[:65536]:
-        raise PlelabError(f"{path} looks binary (it contains NUL bytes); pass UTF-8 text")
+def _blocks(path: Path) -> Iterator[bytes]:
+    """The (decompressed) bytes of ``path`` in blocks; a damaged archive is a one-line error naming the file."""
+    with _open_binary(path) as f:
+        while True:
+            try:
+                block = f.read(BLOCK_BYTES)
+            except (OSError, EOFError, zlib.error) as err:
+                raise PlelabError(f"cannot read {path}: the archive is damaged or truncated "
+                                  f"({str(err).splitlines()[0] or type(err).__name__}); re-create it") from None
+            except Exception as err:  # zstandard.ZstdError
+                raise PlelabError(f"cannot read {path}: the archive is damaged ({str(err).splitlines()[0]}); "
+                                  "re-create it") from None
+            if not block:
+                return
+            yield block
+
+
+def _text_blocks(path: Path) -> Iterator[str]:
+    """UTF-8 text of ``path`` in blocks, ``\\r\\n`` and ``\\r`` turned into ``\\n``; NUL bytes near the start mean
+    binary."""
+    decoder, offset, first, carry = codecs.getincrementaldecoder("utf-8")(), 0, True, ""
+    for block in _blocks(path):
+        if first and b"\x00" in block[:65536]:
+            raise PlelabError(f"{path} looks binary (it contains NUL bytes); pass UTF-8 text")
+        first = False
+        try:
+            text = decoder.decode(block)
+        except UnicodeDecodeError as err:
+            raise PlelabError(f"{path} is not UTF-8 (invalid byte at offset {offset + err.start}); "
+                              "convert it to UTF-8") from None
+        offset += len(block)
+        text = carry + text
+        carry = "\r" if text.endswith("\r") else ""
+        yield (text[:-1] if carry else text).replace("\r\n", "\n").replace("\r", "\n")
+    held = len(decoder.getstate()[0])
     try:
-        return data.decode("utf-8")
+        tail = decoder.decode(b"", final=True)
     except UnicodeDecodeError as err:
-        raise PlelabError(f"{path} is not UTF-8 (invalid byte at offset {err.start}); convert it to UTF-8") from None
+        raise PlelabError(f"{path} is not UTF-8 (invalid byte at offset {offset - held + err.start}); "
+                          "convert it to UTF-8") from None
+    if carry or tail:
+        yield (carry + tail).replace("\r\n", "\n").replace("\r", "\n")
 
 
 LONG_LINE = 16  # a line longer than this many documents' worth (min_chars) is cut, e.g. a file on one line
@@ -49,55 +185,71 @@ def _cut_line(line: str, size: int):
     yield line
 
 
-def _pieces(text: str, min_chars: int):
-    """Blank-line-separated paragraphs; a paragraph longer than ``min_chars`` (e.g. a file with one
-    sentence per line and no blank lines) is cut further at line ends, and a huge line (a whole
-    file without line breaks) at spaces, so that it still gives many documents."""
-    for para in text.replace("\r\n", "\n").replace("\r", "\n").split("\n\n"):
-        if len(para) <= min_chars:
-            yield para
-            continue
-        buf, size = [], 0
-        lines = para.split("\n")
-        if any(len(line) > LONG_LINE * min_chars for line in lines):
-            lines = [piece for line in lines for piece in
-                     (_cut_line(line, min_chars) if len(line) > LONG_LINE * min_chars else (line,))]
-        for line in lines:
-            buf.append(line)
-            size += len(line) + 1
-            if size >= min_chars:
-                yield "\n".join(buf)
-                buf, size = [], 0
-        if buf:
-            yield "\n".join(buf)
-
-
-def chunk_paragraphs(text: str, min_chars: int = 2000) -> list[str]:
-    """Group consecutive paragraphs into documents of >= ``min_chars``, so that one long file still
-    gives a validation split drawn from all of it."""
-    docs, buf, size = [], [], 0
-    for para in _pieces(text, min_chars):
-        para = para.strip()
-        if not para:
-            continue
-        buf.append(para)
-        size += len(para)
+def _paragraph_pieces(para: str, min_chars: int):
+    """A paragraph longer than ``min_chars`` (e.g. one sentence per line, no blank lines) cut at line ends, and a
+    huge line (a whole file without line breaks) at spaces, so that it still gives many documents."""
+    if len(para) <= min_chars:
+        yield para
+        return
+    buf, size = [], 0
+    lines = para.split("\n")
+    if any(len(line) > LONG_LINE * min_chars for line in lines):
+        lines = [piece for line in lines for piece in
+                 (_cut_line(line, min_chars) if len(line) > LONG_LINE * min_chars else (line,))]
+    for line in lines:
+        buf.append(line)
+        size += len(line) + 1
         if size >= min_chars:
-            docs.append("\n\n".join(buf))
+            yield "\n".join(buf)
             buf, size = [], 0
     if buf:
-        docs.append("\n\n".join(buf))
-    return docs
+        yield "\n".join(buf)
 
 
-def read_text_file(path: Path) -> list[str]:
-    return chunk_paragraphs(_decode(path, _read_bytes(path)))
+def _paragraphs(blocks) -> Iterator[str]:
+    """Blank-line-separated paragraphs of a stream of text blocks (a paragraph is cut at MAX_PARAGRAPH characters)."""
+    pending = ""
+    for block in blocks:
+        parts = (pending + block).split("\n\n")
+        pending = parts.pop()
+        yield from parts
+        while len(pending) > MAX_PARAGRAPH:
+            yield pending[:MAX_PARAGRAPH]
+            pending = pending[MAX_PARAGRAPH:]
+    yield pending
 
 
-def read_jsonl(path: Path, text_field: str) -> list[str]:
+def chunk_paragraphs(text, min_chars: int = 2000) -> Iterator[str]:
+    """Consecutive paragraphs of ``text`` (a string, or an iterable of text blocks) grouped into documents of
+    >= ``min_chars``, so that one long file still gives a validation split drawn from all of it."""
+    buf, size = [], 0
+    for para in _paragraphs([text] if isinstance(text, str) else text):
+        for piece in _paragraph_pieces(para, min_chars):
+            piece = piece.strip()
+            if not piece:
+                continue
+            buf.append(piece)
+            size += len(piece)
+            if size >= min_chars:
+                yield "\n\n".join(buf)
+                buf, size = [], 0
+    if buf:
+        yield "\n\n".join(buf)
+
+
+def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
     """One document per JSON object line, its text in ``text_field``."""
-    docs = []
-    for n, line in enumerate(_decode(path, _read_bytes(path)).splitlines(), start=1):
+    lines = io.TextIOWrapper(io.BufferedReader(_LineSource(path), BLOCK_BYTES), encoding="utf-8", errors="strict",
+                             newline="")
+    n = 0
+    while True:
+        try:
+            line = lines.readline()
+        except UnicodeDecodeError:
+            raise PlelabError(f"{path} line {n + 1} is not UTF-8; convert the file to UTF-8") from None
+        if not line:
+            return
+        n += 1
         if not line.strip():
             continue
         try:
@@ -110,11 +262,33 @@ def read_jsonl(path: Path, text_field: str) -> list[str]:
         if not isinstance(record[text_field], str):
             raise PlelabError(f"{path} line {n}: field {text_field!r} is {type(record[text_field]).__name__}, not text")
         if record[text_field].strip():
-            docs.append(record[text_field].strip())
-    return docs
+            yield record[text_field].strip()
 
 
-def read_parquet(path: Path, text_field: str) -> list[str]:
+class _LineSource(io.RawIOBase):
+    """:func:`_blocks` as a readable raw stream (so ``TextIOWrapper`` can read lines through any decompressor)."""
+
+    def __init__(self, path: Path) -> None:
+        self._it = _blocks(path)
+        self._buf = next(self._it, b"")
+        if b"\x00" in self._buf[:65536]:
+            raise PlelabError(f"{path} looks binary (it contains NUL bytes); pass UTF-8 JSON lines "
+                              "(a compressed file needs its .gz or .zst suffix)")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._buf:
+            self._buf = next(self._it, b"")
+            if not self._buf:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n], self._buf = self._buf[:n], self._buf[n:]
+        return n
+
+
+def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
     try:
         import pyarrow.parquet as pq  # optional: the data extra, for users' Parquet files
     except ImportError:
@@ -122,18 +296,23 @@ def read_parquet(path: Path, text_field: str) -> list[str]:
     try:
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
-        if text_field not in names:
-            raise PlelabError(f"{path} has no column {text_field!r} (columns: {', '.join(names)}); "
-                              "choose the text column with --text-field")
-        table = pf.read(columns=[text_field])
-    except PlelabError:
-        raise
     except Exception as err:  # pyarrow raises ArrowInvalid / OSError for damaged files
         raise PlelabError(f"cannot read Parquet file {path}: {str(err).splitlines()[0]}") from None
-    return [t.strip() for t in table.column(text_field).to_pylist() if isinstance(t, str) and t.strip()]
+    if text_field not in names:
+        raise PlelabError(f"{path} has no column {text_field!r} (columns: {', '.join(names)}); "
+                          "choose the text column with --text-field")
+    batches = pf.iter_batches(batch_size=4096, columns=[text_field])
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as err:
+            raise PlelabError(f"cannot read Parquet file {path}: {str(err).splitlines()[0]}") from None
+        if batch is None:
+            return
+        yield from (t.strip() for t in batch.column(0).to_pylist() if isinstance(t, str) and t.strip())
 
 
-def read_hf_dataset(path: Path, text_field: str) -> list[str]:
+def _hf_documents(path: Path, text_field: str) -> Iterator[str]:
     """A folder written by ``datasets.Dataset.save_to_disk`` (a DatasetDict uses its ``train`` split)."""
     try:
         import datasets  # optional: the data extra, for users' HF datasets folders
@@ -148,41 +327,44 @@ def read_hf_dataset(path: Path, text_field: str) -> list[str]:
     if text_field not in ds.column_names:
         raise PlelabError(f"dataset {path} has no column {text_field!r} (columns: {', '.join(ds.column_names)}); "
                           "choose one with --text-field")
-    return [t.strip() for t in ds[text_field] if isinstance(t, str) and t.strip()]
+    for batch in ds.select_columns([text_field]).iter(batch_size=4096):
+        yield from (t.strip() for t in batch[text_field] if isinstance(t, str) and t.strip())
 
 
-def _is_hf_dataset_dir(path: Path) -> bool:
-    return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+def file_documents(path: Path, text_field: str = "text") -> Iterator[str]:
+    kind = file_kind(path)
+    if kind == "jsonl":
+        return _jsonl_documents(path, text_field)
+    if kind == "parquet":
+        return _parquet_documents(path, text_field)
+    return chunk_paragraphs(_text_blocks(path))
 
 
-def read_file(path: Path, text_field: str) -> list[str]:
-    if path.suffix == ".jsonl":
-        return read_jsonl(path, text_field)
-    if path.suffix == ".parquet":
-        return read_parquet(path, text_field)
-    return read_text_file(path)
+def iter_documents(src: Source) -> Iterator[str]:
+    """The source's documents in order, streamed (the embedded corpus from its cached extraction)."""
+    if src.kind == "embedded":
+        yield from embedded_corpus().documents
+    elif src.kind == "corpus":
+        yield from src.corpus.documents
+    elif src.kind == "hf":
+        yield from _hf_documents(src.path, src.text_field)
+    elif src.kind == "tokens":
+        raise PlelabError(f"{src.path} holds token ids, not text; it is read as pre-tokenized shards")
+    else:
+        for f in src.files:
+            yield from file_documents(f, src.text_field)
 
 
 def user_corpus(path: str | os.PathLike, text_field: str = "text") -> Corpus:
-    """Read a file, a folder of ``.txt/.md/.jsonl/.parquet`` files (sorted), or a HF datasets folder."""
-    p = Path(path)
-    if not p.exists():
-        raise PlelabError(f"data path {p} does not exist; pass a text/JSONL/Parquet file or a folder")
-    if p.is_dir():
-        if _is_hf_dataset_dir(p):
-            docs = read_hf_dataset(p, text_field)
-        else:
-            files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in READABLE_SUFFIXES)
-            if not files:
-                raise PlelabError(f"data folder {p} has no {'/'.join(READABLE_SUFFIXES)} files")
-            docs = [d for f in files for d in read_file(f, text_field)]
-    else:
-        docs = read_file(p, text_field)
+    """Read a text source into memory (small data: the diagnostics' ``--data``, tests). Training streams instead."""
+    src = resolve_source(path, text_field)
+    docs = list(iter_documents(src))
     if not docs:
-        raise PlelabError(f"data path {p} holds no text (empty files or empty text fields); pass non-empty UTF-8 text")
-    return Corpus(name=p.name, documents=docs)
+        raise PlelabError(f"data path {src.path} holds no text (empty files or empty text fields); "
+                          "pass non-empty UTF-8 text")
+    return Corpus(name=src.name, documents=docs)
 
 
 def load_corpus(path: str | None, text_field: str = "text") -> Corpus:
-    """``None`` -> the embedded corpus; otherwise the user's data at ``path``."""
+    """``None`` -> the embedded corpus; otherwise the user's data at ``path`` (in memory)."""
     return embedded_corpus() if path is None else user_corpus(path, text_field)

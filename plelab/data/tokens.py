@@ -3,10 +3,13 @@
 - Split: exact-duplicate documents are removed first; then each document goes to validation
   iff ``sha256(text)`` falls below ``val_fraction`` — drawn across the whole corpus, not a
   tail cut, so validation is in-distribution and stable when documents are added.
-- Streams: documents are tokenised once, joined with EOS, cached as ``.npy`` and memory-mapped.
+- Streams: documents are tokenised once, joined with EOS, written to token shards and
+  memory-mapped (:mod:`plelab.data.streaming`, which streams this split for large corpora).
 - Batches: packed sequences, reshuffled each epoch; step ``k``'s batch is a function of
   ``(seed, k)`` alone (:class:`PackedSampler`), so paired arms, resumed runs and torchrun
-  ranks all see the same data.
+  ranks all see the same data. The epoch order is a permutation of the ``n = (tokens - 1) // T``
+  sequence starts held as int64, for the three most recent epochs: 24 bytes per sequence
+  (10 B training tokens at T = 2048: 4.9 M sequences, 117 MB).
 """
 
 from __future__ import annotations
@@ -16,12 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
 
-from plelab.data.corpus import Corpus
-from plelab.data.tokenizer import EOS
+from plelab.data.shards import TokenStream, bincount
 from plelab.errors import PlelabError
-from plelab.io import atomic_write, cache_dir
 from plelab.runtime import EpochOrder
 
 CHUNK_CHARS = 2_000  # a corpus too small to split by documents is split by pieces of about this many characters
@@ -83,10 +83,13 @@ def split_for_training(documents: list[str], val_fraction: float) -> tuple[list[
 
 @dataclass
 class TokenData:
-    """Train and validation token streams (uint32, possibly memory-mapped)."""
+    """Train and validation token streams: memory-mapped shards (:class:`~plelab.data.shards.TokenStream`) or arrays.
 
-    train: np.ndarray
-    val: np.ndarray
+    ``mixture`` (several sources): ``[(name, train stream, weight), ...]``; training samples them by weight
+    (:class:`~plelab.data.mixture.MixtureSampler`) and ``train`` is their concatenation."""
+
+    train: np.ndarray | TokenStream
+    val: np.ndarray | TokenStream
     corpus_fingerprint: str
     corpus_name: str
     n_train_docs: int
@@ -94,52 +97,29 @@ class TokenData:
     n_duplicates: int
     tokenizer_json: str | None = None  # the tokenizer the streams were made with (HF tokenizers JSON)
     n_pieces: int = 0  # > 0: too few documents to split, split as this many pieces (n_*_docs count pieces)
+    unit: str = "documents"  # what n_train_docs / n_val_docs count: documents | pieces | blocks | shards
+    mixture: list | None = None
+    val_mixture: list | None = None  # [(name, validation stream, weight), ...] for a mixture
+    location: str | list | None = None  # where the shards are (the ingest cache folder, or the user's token files)
 
     def train_counts(self, size: int) -> np.ndarray:
         """How often each id occurs in the training stream; ids >= ``size`` are counted at 0 (as the
-        per-layer table maps them)."""
-        counts = np.bincount(np.asarray(self.train), minlength=size).astype(np.int64)
+        per-layer table maps them). A mixture's counts are weighted as training samples its sources."""
+        if self.mixture:
+            total = sum(len(s) for _, s, _ in self.mixture)
+            counts = sum(bincount(s, size) * (w * total / max(len(s), 1)) for _, s, w in self.mixture)
+            counts = np.rint(counts).astype(np.int64)
+        else:
+            counts = bincount(self.train, size)
         counts[0] += counts[size:].sum()
         return counts[:size]
 
     def unigram_entropy(self, vocab_size: int) -> float:
         """Entropy (nats) of the validation split's unigram distribution: a model that ignores
         context cannot beat it on that split."""
-        counts = np.bincount(np.asarray(self.val), minlength=vocab_size).astype(np.float64)
+        counts = bincount(self.val, vocab_size).astype(np.float64)
         p = counts[counts > 0] / counts.sum()
         return float(-(p * np.log(p)).sum())
-
-
-def _encode(tok: Tokenizer, docs: list[str]) -> np.ndarray:
-    eos = tok.token_to_id(EOS)
-    if eos is None:
-        raise PlelabError(f"tokenizer has no {EOS} token; train one with plelab or add it")
-    out: list[int] = []
-    for enc in tok.encode_batch(docs):
-        out += enc.ids
-        out.append(eos)
-    return np.asarray(out, dtype=np.uint32)
-
-
-def _save_npy(path, array: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.save(f, array)
-
-
-def prepare_tokens(corpus: Corpus, tok: Tokenizer, val_fraction: float) -> TokenData:
-    """Split, tokenise once (cached by corpus, tokenizer and fraction) and memory-map the streams."""
-    train_docs, val_docs, dups, n_pieces = split_for_training(corpus.documents, val_fraction)
-    tok_hash = hashlib.sha256(tok.to_str().encode()).hexdigest()[:12]
-    folder = cache_dir("tokens", f"{corpus.fingerprint[:16]}-{tok_hash}-val{val_fraction!r}")
-    arrays = {}
-    for split, docs in (("train", train_docs), ("val", val_docs)):
-        path = folder / f"{split}.npy"
-        if not path.exists():
-            ids = _encode(tok, docs)
-            atomic_write(path, lambda p, ids=ids: _save_npy(p, ids))
-        arrays[split] = np.load(path, mmap_mode="r", allow_pickle=False)
-    return TokenData(arrays["train"], arrays["val"], corpus.fingerprint, corpus.name, len(train_docs), len(val_docs),
-                     dups, tok.to_str(), n_pieces)
 
 
 class PackedSampler:
@@ -153,13 +133,13 @@ class PackedSampler:
     torchrun job and every dP arm of a paired study see exactly the same data.
     """
 
-    def __init__(self, stream: np.ndarray, seq_len: int, seed: int) -> None:
+    def __init__(self, stream, seq_len: int, seed: int, tag: str = "epoch") -> None:
         self.stream, self.seq_len, self.seed = stream, seq_len, seed
         self.num_sequences = (len(stream) - 1) // seq_len
         if self.num_sequences < 1:
             raise PlelabError(f"the training split has {len(stream)} tokens, fewer than train.seq_len+1={seq_len + 1}; "
                               "supply more text or lower train.seq_len")
-        self._order = EpochOrder(self.num_sequences, seed, lambda e: f"epoch:{e}", keep=3)
+        self._order = EpochOrder(self.num_sequences, seed, lambda e: f"{tag}:{e}", keep=3)
 
     def _perm(self, epoch: int) -> np.ndarray:
         return self._order(epoch).numpy()
@@ -168,6 +148,13 @@ class PackedSampler:
         """Sequence indices of the global batch of optimizer step ``step``."""
         pos = np.arange(step * global_batch, (step + 1) * global_batch)
         return np.array([self._perm(int(q))[int(r)] for q, r in zip(*np.divmod(pos, self.num_sequences))])
+
+    def sequence(self, position: int) -> np.ndarray:
+        """The sequence at ``position`` of the endless epoch order (step ``k``'s batch is positions
+        ``[k·G, (k+1)·G)``), ``[T+1]`` int64."""
+        q, r = divmod(position, self.num_sequences)
+        i, T = int(self._perm(q)[r]), self.seq_len
+        return np.asarray(self.stream[i * T:i * T + T + 1], dtype=np.int64)
 
     def batch(self, step: int, global_batch: int, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, targets)`` ``[b, T]`` int64 for ``rows`` of step ``step``'s global batch."""
@@ -193,5 +180,19 @@ def val_windows(stream: np.ndarray, seq_len: int, max_windows: int) -> torch.Ten
     return torch.from_numpy(rows)
 
 
-__all__ = ["PackedSampler", "TokenData", "pieces", "prepare_tokens", "split_documents", "split_for_training",
+def data_val_windows(data: TokenData, seq_len: int, max_windows: int) -> torch.Tensor:
+    """:func:`val_windows` of the data's validation split; for a mixture, each source's validation split gives
+    its weight's share of the windows (at least one), so the validation loss weighs sources as training does."""
+    if not data.val_mixture:
+        return val_windows(data.val, seq_len, max_windows)
+    out = []
+    for name, stream, w in data.val_mixture:
+        try:
+            out.append(val_windows(stream, seq_len, max(1, round(max_windows * w))))
+        except PlelabError as err:
+            raise PlelabError(f"mixture source {name}: {err}") from None
+    return torch.cat(out)
+
+
+__all__ = ["PackedSampler", "TokenData", "data_val_windows", "pieces", "split_documents", "split_for_training",
            "val_windows"]

@@ -17,8 +17,9 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from plelab.config.schema import RunConfig
+from plelab.data.mixture import train_sampler
 from plelab.data.pipeline import prepare_data
-from plelab.data.tokens import PackedSampler, TokenData, val_windows
+from plelab.data.tokens import TokenData, data_val_windows, val_windows
 from plelab.diagnostics.agreement import cka_against_null, comparable
 from plelab.diagnostics.foreign import ForeignUse, foreign_report
 from plelab.diagnostics.live import initial_table
@@ -51,7 +52,7 @@ def row_occurrences(cfg: RunConfig, data: TokenData, steps: int) -> np.ndarray:
     if cfg.ple.ids == "iid":
         p = data.train_counts(vp) / max(1, data.train_counts(vp).sum())
         return p * steps * tc.batch_size * tc.seq_len
-    sampler = PackedSampler(data.train, tc.seq_len, cfg.seed)
+    sampler = train_sampler(data, tc.seq_len, cfg.seed)
     counts = np.zeros(max(vp, cfg.model.vocab_size), dtype=np.int64)
     for step in range(steps):
         x, _ = sampler.batch(step, tc.batch_size)
@@ -229,7 +230,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         load_model_weights(model, source.checkpoint)
         iid = (IIDTableIds(torch.from_numpy(run.data.train_counts(source.rows))) if run.cfg.ple.ids == "iid"
                else None)
-        win = val_windows(run.data.val, run.cfg.train.seq_len, windows)
+        win = data_val_windows(run.data, run.cfg.train.seq_len, windows)
         base, results = use_metrics(model, win, initial_table(run.cfg), run.counts, batch=16,
                                     device=torch.device("cpu"), per_layer=True, seed=run.cfg.seed, iid=iid)
         report["base_val_loss"] = base

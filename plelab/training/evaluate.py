@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from plelab.data.pipeline import prepare_data
-from plelab.data.tokens import val_windows
+from plelab.data.tokens import data_val_windows
 from plelab.errors import ConfigError, PlelabError
 from plelab.model.losses import window_losses
 from plelab.model.ple import IIDTableIds
@@ -54,7 +54,7 @@ def evaluate(path: str | Path, *, device: str = "auto", windows: int | None = No
         vp = cfg.ple.resolved_vocab_size(cfg.model)
         iid = IIDTableIds(torch.from_numpy(data.train_counts(vp)).to(device))
     n = windows if windows is not None else cfg.train.eval_batches * cfg.train.batch_size
-    chosen = val_windows(data.val, cfg.train.seq_len, n)
+    chosen = data_val_windows(data, cfg.train.seq_len, n)
     # as the trainer evaluates: its micro-batch (the i.i.d. null's draws are seeded per chunk) and precision
     batch = batch or max(1, cfg.train.batch_size // (cfg.train.grad_accum * state.get("world_size", 1)))
     # the precision the run recorded; on a CPU without bf16 units bf16 is emulated (≈ 8× slower): fp32 there

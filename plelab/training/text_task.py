@@ -1,6 +1,7 @@
 """The text LM run: packed token windows, next-token CE, validation on fixed windows (the default kind).
 
-A batch: ``PackedSampler.batch(step)`` gives this rank's rows of the global batch ``[b, T+1]``; the model sees
+A batch: ``PackedSampler.batch(step)`` (``MixtureSampler`` for several sources) gives this rank's rows of
+the global batch ``[b, T+1]``; the model sees
 ``window[:, :-1]`` with pre-shifted ``targets = window[:, 1:]`` and the table ids it looks up — the token ids
 (ids >= Vp -> 0) or, for the null control ``ple.ids=iid``, ids drawn i.i.d. from the real ids' frequencies
 with a generator seeded by ``(seed, step, rank, micro)`` (distinct, resumable draws).
@@ -14,8 +15,9 @@ import torch
 from torch import nn
 
 from plelab.config.schema import RunConfig
+from plelab.data.mixture import train_sampler
 from plelab.data.pipeline import prepare_data
-from plelab.data.tokens import CHUNK_CHARS, PackedSampler, TokenData, val_windows
+from plelab.data.tokens import CHUNK_CHARS, TokenData, data_val_windows
 from plelab.model.init import build_model
 from plelab.model.losses import window_losses
 from plelab.model.ple import IIDTableIds, token_table_ids
@@ -30,8 +32,8 @@ class TextTask(Task):
     def __init__(self, cfg: RunConfig, data: TokenData) -> None:
         self.cfg, self.data = cfg, data
         tc = cfg.train
-        self.sampler = PackedSampler(data.train, tc.seq_len, cfg.seed)
-        self.val = val_windows(data.val, tc.seq_len, tc.eval_batches * tc.batch_size)
+        self.sampler = train_sampler(data, tc.seq_len, cfg.seed)
+        self.val = data_val_windows(data, tc.seq_len, tc.eval_batches * tc.batch_size)
         self.tokens_per_step = tc.batch_size * tc.seq_len
         self.table_rows = cfg.ple.resolved_vocab_size(cfg.model) if cfg.ple.enabled else 0
         self.row_tables = {"text": (self.table_rows, TEXT_ROWS_KEY)} if self.table_rows else {}
@@ -85,9 +87,12 @@ class TextTask(Task):
 
 
 def _describe(cfg: RunConfig, data: TokenData) -> str:
+    blocks = f" ({data.n_val_docs:,} of {data.n_train_docs + data.n_val_docs:,} blocks held out)"
     split = (f" (too few documents to split: split as {data.n_pieces:,} pieces of ≤ {CHUNK_CHARS:,} characters)"
-             if data.n_pieces else "")
-    return f"{len(data.train):,} train / {len(data.val):,} validation tokens{split}"
+             if data.n_pieces else blocks if data.unit == "blocks"
+             else " (one shard held out)" if data.unit == "shards" else "")
+    mix = ("; mixture " + ", ".join(f"{name} {w:.3f}" for name, _, w in data.mixture) if data.mixture else "")
+    return f"{len(data.train):,} train / {len(data.val):,} validation tokens{split}{mix}"
 
 
 register_task_kind(TaskKind(

@@ -1,0 +1,246 @@
+"""Streaming ingest: documents -> dedup -> hash split -> batch tokenisation -> token shards, in bounded memory.
+
+One pass over a source's documents (:func:`plelab.data.sources.iter_documents`), in batches of about
+``BATCH_CHARS`` characters. For each document: the corpus fingerprint is updated (sha256 over every
+document's length and bytes, in order — the same value :attr:`Corpus.fingerprint` gives); the first 8
+bytes of its own sha256 are its 64-bit key, exact duplicates are dropped by key (:class:`HashSet64`,
+8 bytes per distinct document; two distinct documents share a key with probability ≈ n²/2⁶⁵), and it
+goes to validation iff ``key / 2⁶⁴ < val_fraction``. Each batch's train and validation documents are
+encoded with HF ``tokenizers``' batch encoder (its own threads) and appended, each followed by EOS, to
+that split's shards (:class:`ShardWriter`). Peak memory: one batch's text and ids, plus the hash set.
+
+A corpus whose documents do not split (too few of them) is split by pieces instead, as
+:func:`plelab.data.tokens.split_for_training` does — in memory, since it has few documents.
+
+The result is a folder in the cache, built under a temporary name and renamed when complete (an
+interrupted ingest leaves no half-written cache: the next one removes the leftover and starts again),
+with a ``manifest.json`` holding the fingerprint, the counts and the shard list. A warm cache is found
+by a key over the source's files (path, size, mtime), the tokenizer and the fraction, without reading
+the text; ``verify`` re-reads and re-hashes it. A lock file serialises processes that ingest the same
+key (several jobs, or torchrun ranks outside :func:`plelab.data.pipeline.prepare_data`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from plelab.data.corpus import Corpus, embedded_key
+from plelab.data.shards import HashSet64, ShardWriter, open_split, token_dtype
+from plelab.data.sources import COMPRESSED, Source, file_kind, iter_documents, source_manifest
+from plelab.data.tokenizer import EOS
+from plelab.data.tokens import TokenData, split_for_training
+from plelab.errors import PlelabError
+from plelab.faults import maybe_fault
+from plelab.io import cache_dir, write_json
+
+INGEST_VERSION = 1  # bump when the shard layout or the split rules change
+BATCH_CHARS = 2_000_000  # characters of text per encode batch (≈ 0.5 M tokens)
+
+
+def source_identity(src: Source) -> dict:
+    """What names a source's content without reading it: its files' paths, sizes and mtimes."""
+    if src.kind == "embedded":
+        return {"embedded": embedded_key()}
+    if src.kind == "corpus":
+        return {"corpus": src.corpus.fingerprint}
+    return {"path": str(src.path.resolve()), "text_field": src.text_field, "files": source_manifest(src)}
+
+
+def ingest_key(src: Source, tok: Tokenizer, val_fraction: float) -> str:
+    tok_hash = hashlib.sha256(tok.to_str().encode()).hexdigest()[:16]
+    blob = json.dumps({"v": INGEST_VERSION, "source": source_identity(src), "tokenizer": tok_hash,
+                       "val_fraction": val_fraction}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+@contextlib.contextmanager
+def cache_lock(name: str):
+    """An exclusive lock on ``<cache>/locks/<name>.lock`` for as long as the block runs."""
+    path = cache_dir("locks") / f"{name}.lock"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _encode(tok: Tokenizer, docs: list[str], eos: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, starts)``: the documents' ids back to back, each followed by EOS, and each one's start offset."""
+    encs = tok.encode_batch_fast(docs)  # no offsets: the ids are all an ingest keeps
+    lens = np.fromiter((len(e.ids) + 1 for e in encs), dtype=np.int64, count=len(encs))
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    ids = np.full(int(lens.sum()), eos, dtype=dtype)
+    for s, n, e in zip(starts.tolist(), lens.tolist(), encs):
+        ids[s:s + n - 1] = e.ids
+    return ids, starts
+
+
+class _Split:
+    """The running state of one pass: fingerprint, dedup set, counts and the two writers."""
+
+    def __init__(self, folder: Path, dtype, val_fraction: float) -> None:
+        self.fingerprint, self.seen, self.val_fraction = hashlib.sha256(), HashSet64(), val_fraction
+        self.writers = {s: ShardWriter(folder, s, dtype) for s in ("train", "val")}
+        self.documents = 0
+
+    def route(self, docs: list[str]) -> dict[str, list[str]]:
+        """Fingerprint the batch, drop the duplicates, and split the rest by hash."""
+        data = [d.encode("utf-8") for d in docs]
+        keys = bytearray()
+        for b in data:
+            self.fingerprint.update(len(b).to_bytes(8, "little"))
+            self.fingerprint.update(b)
+            keys += hashlib.sha256(b).digest()[:8]
+        self.documents += len(docs)
+        keyv = np.frombuffer(bytes(keys), dtype="<u8")
+        new = self.seen.add_new(keyv)
+        out: dict[str, list[str]] = {"train": [], "val": []}
+        for doc, k, fresh in zip(docs, keyv.tolist(), new.tolist()):
+            if fresh:
+                out["val" if k / 2**64 < self.val_fraction else "train"].append(doc)
+        return out
+
+
+def _batches(documents, chars: int = BATCH_CHARS):
+    batch, size = [], 0
+    for doc in documents:
+        batch.append(doc)
+        size += len(doc)
+        if size >= chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _progress(total_bytes: int, name: str, show: bool):
+    """A bar for ingests that last: it appears after 2 s, so a small corpus prints nothing."""
+    return tqdm(total=total_bytes or None, unit="B", unit_scale=True, desc=f"ingest {name}", disable=not show,
+                leave=False, delay=2.0)
+
+
+def _write_all(tmp: Path, tok: Tokenizer, src: Source, val_fraction: float, show: bool) -> dict:
+    eos = tok.token_to_id(EOS)
+    if eos is None:
+        raise PlelabError(f"tokenizer has no {EOS} token; train one with plelab or add it")
+    dtype = token_dtype(tok.get_vocab_size())
+    state = _Split(tmp, dtype, val_fraction)
+    files = source_manifest(src)
+    plain = all(file_kind(Path(rel)) in ("text", "jsonl") and not rel.lower().endswith(COMPRESSED)
+                for rel, _, _ in files)
+    total = sum(size for _, size, _ in files) if plain else 0  # bytes of text, where the files' sizes say it
+    with _progress(total, src.name, show) as bar:
+        for n, batch in enumerate(_batches(iter_documents(src)), start=1):
+            for split, docs in state.route(batch).items():
+                if docs:
+                    state.writers[split].write_documents(*_encode(tok, docs, eos, dtype))
+            bar.update(sum(len(d.encode("utf-8")) for d in batch))
+            maybe_fault("ingest_batch", n)
+    splits = {s: w.close() for s, w in state.writers.items()}
+    record = {"fingerprint": state.fingerprint.hexdigest(), "documents": state.documents,
+              "duplicates": state.documents - len(state.seen), "pieces": 0, "dtype": dtype.name, "splits": splits}
+    if state.documents == 0:
+        raise PlelabError(f"data path {src.path} holds no text (empty files or empty text fields); "
+                          "pass non-empty UTF-8 text")
+    if splits["train"]["documents"] and splits["val"]["documents"]:
+        return record
+    # Too few documents to split by hash: split their pieces instead (few documents: in memory).
+    for f in tmp.iterdir():
+        f.unlink()
+    train, val, dups, n_pieces = split_for_training(list(iter_documents(src)), val_fraction)
+    for split, docs in (("train", train), ("val", val)):
+        writer = ShardWriter(tmp, split, dtype)
+        for batch in _batches(docs):
+            writer.write_documents(*_encode(tok, batch, eos, dtype))
+        record["splits"][split] = writer.close()
+    record.update(duplicates=dups, pieces=n_pieces)
+    return record
+
+
+def _load(folder: Path, manifest: dict, tok_json: str | None) -> TokenData:
+    tr, va = manifest["splits"]["train"], manifest["splits"]["val"]
+    return TokenData(open_split(folder, tr, manifest["dtype"]), open_split(folder, va, manifest["dtype"]),
+                     manifest["fingerprint"], manifest["name"], tr["documents"], va["documents"],
+                     manifest["duplicates"], tok_json, manifest["pieces"],
+                     unit="pieces" if manifest["pieces"] else "documents", location=str(folder))
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if manifest.get("version") == INGEST_VERSION else None
+
+
+def streamed_fingerprint(src: Source) -> str:
+    """The corpus fingerprint of a source, re-read and re-hashed (what ``--verify`` checks)."""
+    h = hashlib.sha256()
+    for doc in iter_documents(src):
+        data = doc.encode("utf-8")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+class NotReady(PlelabError):
+    """``build=False`` and the cache does not hold what was asked for (``plelab ingest --check``)."""
+
+
+def ingest_source(src: Source, tok: Tokenizer, val_fraction: float, progress: bool = True, verify: bool = False,
+           log=print, build: bool = True) -> TokenData:
+    """The token shards of ``src`` under ``tok``: from the cache when its key matches, else built (atomically).
+
+    With ``verify`` a cached entry is trusted only if re-reading the text gives its fingerprint; if not (files
+    rewritten with their old size and mtime) the entry is rebuilt, and ``log`` says so. With ``build=False``
+    nothing is built: :class:`NotReady` if the entry is missing."""
+    key = ingest_key(src, tok, val_fraction)
+    folder = cache_dir("ingest") / key
+    with cache_lock(f"ingest-{key}"):
+        manifest = _read_manifest(folder)
+        if manifest is None and not build:
+            raise NotReady(f"{src.name} is not ingested yet (for this tokenizer and data.val_fraction="
+                           f"{val_fraction}); run plelab ingest with the same flags")
+        if manifest is not None and verify:
+            now = streamed_fingerprint(src)
+            if now != manifest["fingerprint"]:
+                log(f"--verify: {src.name} changed without changing size or mtime (sha256 {now[:12]}…, cached "
+                    f"{manifest['fingerprint'][:12]}…); ingesting it again")
+                shutil.rmtree(folder)
+                manifest = None
+        if manifest is None:
+            for stale in folder.parent.glob(f".{key}.tmp-*"):  # left by an interrupted ingest
+                shutil.rmtree(stale, ignore_errors=True)
+            if folder.exists():
+                shutil.rmtree(folder)
+            tmp = folder.parent / f".{key}.tmp-{os.getpid()}"
+            tmp.mkdir()
+            try:
+                manifest = {"version": INGEST_VERSION, "name": src.name, "source": source_identity(src),
+                            **_write_all(tmp, tok, src, val_fraction, progress)}
+                (tmp / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
+                write_json(tmp / "manifest.json", manifest)
+                os.replace(tmp, folder)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return _load(folder, manifest, tok.to_str())
+
+
+def prepare_tokens(corpus: Corpus, tok: Tokenizer, val_fraction: float, progress: bool = False) -> TokenData:
+    """An in-memory corpus through the same ingest (split, tokenise once, cache, memory-map)."""
+    return ingest_source(Source(None, "corpus", corpus=corpus), tok, val_fraction, progress=progress)
+
+
+__all__ = ["BATCH_CHARS", "NotReady", "cache_lock", "ingest_key", "ingest_source", "prepare_tokens", "source_identity",
+           "streamed_fingerprint"]
