@@ -30,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     # what the CLI verbs do
     "train": "plelab.runs", "evaluate": "plelab.training.evaluate", "diagnose": "plelab.integrations.checkpoints",
     "sweep": "plelab.sweeps.commands", "report": "plelab.reports", "plan": "plelab.sweeps.planning",
-    "ingest": "plelab.data.pipeline", "prepare_data": "plelab.data.pipeline",
+    "ingest": "plelab.data.pipeline", "prepare_data": "plelab.data.pipeline", "ladder": "plelab.sweeps.ladder",
     # the trainer's seams, for your own kinds of run and observers
     "Trainer": "plelab.training.trainer", "TrainResult": "plelab.training.trainer", "Task": "plelab.training.task",
     "Observer": "plelab.training.task", "TextTask": "plelab.training.text_task",

@@ -276,4 +276,46 @@ def test_two_processes_ingesting_one_corpus_build_it_once(tmp_path):
     a, b = (json.loads(o) for o, _ in outs)
     assert a["fingerprint"] == b["fingerprint"] and a["location"] == b["location"]
     assert len(list((tmp_path / "cache" / "ingest").iterdir())) == 1
-    assert len(list((tmp_path / "cache" / "tokenizers" / "by-source").iterdir())) == 1
+    assert len(list((tmp_path / "cache" / "tokenizers" / "by-source").glob("*.json"))) == 1
+
+
+def test_review_cases_mixtures_of_text_and_shards_checks_and_messages(tmp_path):
+    corpus = Corpus("c", _texts(300))
+    tok = train_tokenizer(corpus, 400, show_progress=False)
+    tok.save(str(tmp_path / "tok.json"))
+    ids = np.asarray([i for e in tok.encode_batch(corpus.documents) for i in e.ids], dtype=np.uint16)
+    ids.tofile(tmp_path / "t.bin")
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in _texts(300, seed=3)))
+    cfg = resolve_config("cpu-tiny", [f"data.mix={tmp_path / 'a.jsonl'}:0.9,{tmp_path / 't.bin'}:0.1",
+                                      "data.token_dtype=uint16", f"data.tokenizer={tmp_path / 'tok.json'}",
+                                      "model.vocab_size=512"])
+    data = prepare_data(cfg, progress=False)  # data.token_dtype applies to the shard, not to the text
+    assert [round(w, 3) for _, _, w in data.mixture] == [0.9, 0.1]
+    # validation weighs the sources as training does, even when one has few windows
+    from plelab.data import TokenData, data_val_windows
+
+    a, b = np.arange(5_000) % 100, 200 + np.arange(70) % 50  # b: 2 windows of 33 tokens
+    mixed = TokenData(a, a, "x", "x", 1, 1, 0, val_mixture=[("a", a, 0.9), ("b", b, 0.1)])
+    win = data_val_windows(mixed, 32, 64)
+    from_b = (win[:, 0] >= 200).numpy()
+    assert (len(win), int(from_b.sum())) == (20, 2) and from_b[:10].any()  # 18 : 2, interleaved
+    # --check --verify on a changed file reports, removes nothing
+    path = tmp_path / "a.jsonl"
+    one = resolve_config("cpu-tiny", [f"data.path={path}", "model.vocab_size=400"])
+    prepare_data(one, progress=False)
+    st = path.stat()
+    path.write_text(path.read_text().replace("Record 1:", "Recxrd 1:"))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    from plelab.data.streaming import NotReady
+
+    with pytest.raises(NotReady, match="changed without changing size or mtime"):
+        prepare_data(one, progress=False, verify=True, build=False)
+    assert prepare_data(one, progress=False).corpus_fingerprint  # the old entry is still there
+    # messages: a bad UTF-8 byte on line 3 is reported on line 3; a .json file is refused
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "a"}\n{"text": null}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(PlelabError, match="line 3 is not UTF-8"):
+        list(file_documents(bad))
+    (tmp_path / "d.json").write_text('[{"text": "hello"}]')
+    with pytest.raises(PlelabError, match="is not a format plelab reads"):
+        sources_mod.resolve_source(tmp_path / "d.json")

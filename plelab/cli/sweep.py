@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from plelab.cli.common import add_set, config_args, dp_list, dp_value, int_list, one_int
@@ -11,6 +12,7 @@ from plelab.errors import ConfigError
 from plelab.reports import report
 from plelab.sweeps.advise import recommend
 from plelab.sweeps.commands import options_of, sweep
+from plelab.sweeps.ladder import GPU_BF16_PEAK, Assumptions, ladder, ladder_text
 from plelab.sweeps.planning import plan, plan_text
 
 
@@ -49,8 +51,27 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    print(plan_text(plan(args.pilot, delta=args.delta, target_power=args.power, out=args.out,
-                         eval_windows=args.eval_windows, delta_fraction=args.delta_fraction)))
+    if (args.pilot is None) == (args.target is None):
+        raise ConfigError("give a pilot sweep (plelab plan PILOT: seeds by power) or --target PRESET --tokens N "
+                          "(a scale ladder), not both or neither")
+    if args.target is None:
+        ladder_only = [f for f, v in (("--tokens", args.tokens), ("--json", args.json)) if v]
+        if ladder_only:
+            raise ConfigError(f"{ladder_only[0]} belongs to the ladder: add --target PRESET")
+        print(plan_text(plan(args.pilot, delta=args.delta, target_power=args.power, out=args.out,
+                             eval_windows=args.eval_windows, delta_fraction=args.delta_fraction)))
+        return 0
+    pilot_only = [f for f, v in (("--delta", args.delta), ("--delta-fraction", args.delta_fraction),
+                                 ("--out", args.out), ("--eval-windows", args.eval_windows)) if v is not None]
+    if pilot_only:
+        raise ConfigError(f"{pilot_only[0]} belongs to the pilot plan (plelab plan PILOT), not to --target")
+    if args.tokens is None:
+        raise ConfigError("--target needs --tokens N: the target's training tokens, e.g. --tokens 400e9")
+    a = Assumptions(world=args.world, fsdp=not args.ddp, micro_batch=args.micro_batch, seq_len=args.seq_len,
+                    mfu=args.mfu, gpu=args.gpu, cpu_budget_hours=args.cpu_hours)
+    p = ladder(args.target, args.tokens, a, min_hidden=args.min_hidden, depth=args.depth, vocab=args.vocab,
+               count=args.count, emit=args.emit)
+    print(json.dumps(p, indent=1) if args.json else ladder_text(p))
     return 0
 
 
@@ -100,8 +121,29 @@ def add_parsers(sub) -> None:
     add_set(p, "that configuration's fields")
     p.set_defaults(func=cmd_advise)
 
-    p = sub.add_parser("plan", help="seeds a confirmatory sweep needs, from a pilot sweep's noise (exact power)")
-    p.add_argument("pilot", help="a finished pilot sweep (its seeds are not reused)")
+    p = sub.add_parser("plan", help="seeds a confirmatory sweep needs (from a pilot sweep), or a scale ladder to a "
+                                    "target (--target PRESET --tokens N)")
+    p.add_argument("pilot", nargs="?", help="a finished pilot sweep (its seeds are not reused)")
+    p.add_argument("--target", help="ladder: the target preset, e.g. seed-3b")
+    p.add_argument("--tokens", type=float, help="ladder: the target's training tokens, e.g. 400e9")
+    p.add_argument("--gpu", default="h100", choices=sorted(GPU_BF16_PEAK), help="ladder: GPU (default h100)")
+    p.add_argument("--mfu", type=float, default=0.4, help="ladder: model FLOPs utilisation assumed (default 0.4)")
+    p.add_argument("--world", type=int, default=8, help="ladder: data-parallel GPUs (default 8)")
+    p.add_argument("--ddp", action="store_true", help="ladder: DDP replicas instead of an FSDP-sharded trunk")
+    p.add_argument("--micro-batch", type=int, default=1, help="ladder: sequences per GPU per micro-step (default 1)")
+    p.add_argument("--seq-len", type=int, help="ladder: tokens per sequence (default: the target preset's)")
+    p.add_argument("--min-hidden", type=int, default=128, help="ladder: the smallest rung's width floor (default 128)")
+    p.add_argument("--depth", choices=("scaled", "fixed"), default="scaled",
+                   help="ladder: scaled holds H/L (default), fixed holds L")
+    p.add_argument("--vocab", choices=("scaled", "fixed"), default="scaled",
+                   help="ladder: scaled holds V/H (default), fixed keeps the target's tokenizer")
+    p.add_argument("--count", choices=("total", "non-embedding"), default="total",
+                   help="ladder: the N of tokens per parameter (default total: with embeddings, as the seed counts)")
+    p.add_argument("--cpu-hours", type=float, default=24.0,
+                   help="ladder: CPU-hours one run of a CPU-affordable rung may take (default 24)")
+    p.add_argument("--emit", choices=("torchrun", "slurm"), default="torchrun",
+                   help="ladder: what the GPU rungs' sweep commands write (default torchrun)")
+    p.add_argument("--json", action="store_true", help="ladder: print JSON with a list of rungs")
     p.add_argument("--delta", type=float, help="the smallest effect of interest in nats (default: the pilot's δ)")
     p.add_argument("--delta-fraction", type=float,
                    help="δ = this fraction of the pilot's largest mean gain over the baseline (instead of --delta)")

@@ -60,8 +60,9 @@ def _text_sample(sources: list[tuple[Source, float]], sample_chars: int):
 
 
 def resolve_tokenizer(data: DataConfig, sources: list[tuple[Source, float]], vocab_size: int,
-                      progress: bool = True, build: bool = True) -> Tokenizer | None:
-    """The run's tokenizer (see the module docstring); None for token shards without one."""
+                      progress: bool = True, build: bool = True, verify: bool = False) -> Tokenizer | None:
+    """The run's tokenizer (see the module docstring); None for token shards without one. ``verify``: re-hash the
+    sample a cached tokenizer was trained on, and retrain it if that changed."""
     if data.tokenizer is not None:
         return check_fits(load_tokenizer(data.tokenizer), vocab_size)
     text = [(s, w) for s, w in sources if s.kind != "tokens"]
@@ -73,21 +74,30 @@ def resolve_tokenizer(data: DataConfig, sources: list[tuple[Source, float]], voc
     key = hashlib.sha256(json.dumps([[source_identity(s), w] for s, w in text] + [vocab_size,
                                      data.tokenizer_sample_chars], sort_keys=True).encode()).hexdigest()[:20]
     index = cache_dir("tokenizers", "by-source") / f"{key}.json"
-    if index.exists():
-        return check_fits(load_tokenizer(index), vocab_size)
-    if not build:
-        raise NotReady(f"no tokenizer has been trained for {', '.join(s.name for s, _ in text)} yet; run plelab ingest "
-                       "with the same flags")
+    sample_file = index.with_suffix(".sample")  # the sample's fingerprint, for verify
+    total = sum(w for _, w in text)
+    documents = _text_sample([(s, w / total) for s, w in text], data.tokenizer_sample_chars)
     with cache_lock(f"tokenizer-{key}"):  # another process may be training it: wait, then take its file
+        if index.exists() and verify:
+            sample = Sample(documents(), 1.0, 1 << 62)
+            for _ in sample:
+                pass
+            if not sample_file.exists() or sample_file.read_text().strip() != sample.fingerprint:
+                if not build:
+                    raise NotReady("--verify: the tokenizer's sample changed without changing size or mtime; run "
+                                   "plelab ingest --verify to retrain it")
+                index.unlink()
         if index.exists():
             return check_fits(load_tokenizer(index), vocab_size)
-        total = sum(w for _, w in text)
-        documents = _text_sample([(s, w / total) for s, w in text], data.tokenizer_sample_chars)
+        if not build:
+            raise NotReady(f"no tokenizer has been trained for {', '.join(s.name for s, _ in text)} yet; run plelab "
+                           "ingest with the same flags")
         if next(iter(documents()), None) is None:
-            names = ", ".join(str(s.path) for s, _ in text)
+            names = ", ".join(str(s.path or s.name) for s, _ in text)
             raise PlelabError(f"data path {names} holds no text (empty files or empty text fields); "
                               "pass non-empty UTF-8 text")
-        tok, _ = sampled_tokenizer(documents, vocab_size, 1.0, 1 << 62, progress)
+        tok, sample = sampled_tokenizer(documents, vocab_size, 1.0, 1 << 62, progress)
+        atomic_write(sample_file, lambda p: p.write_text(sample.fingerprint))
         atomic_write(index, lambda p: tok.save(str(p)))
     return tok
 
@@ -107,20 +117,25 @@ def _combine(parts: list[TokenData], weights: list[float]) -> TokenData:
 
 
 def load_data(data: DataConfig, vocab_size: int, progress: bool = True, verify: bool = False,
-              log=print, build: bool = True) -> TokenData:
+              log=print, build: bool = True, min_block: int = 1) -> TokenData:
     """Token data for a data config, in this process (no torchrun coordination: see :func:`prepare_data`).
-    ``verify``: re-hash cached text; ``build=False``: only what the cache holds, else :class:`NotReady`."""
+    ``verify``: re-hash cached text and re-scan token shards; ``build=False``: only what the cache holds, else
+    :class:`NotReady`; ``min_block``: the smallest validation block of token shards (a run's ``seq_len + 1``)."""
     sources = data_sources(data)
-    tok = resolve_tokenizer(data, sources, vocab_size, progress, build)
+    tokens = [s for s, _ in sources if s.kind == "tokens"]
+    for key, value in (("data.token_dtype", data.token_dtype), ("data.val_shard", data.val_shard)):
+        if value is not None and not tokens:
+            raise PlelabError(f"{key} applies to pre-tokenized shards (.bin/.npy), and the data is text; drop {key}")
+    if data.val_shard is not None and len(tokens) > 1:
+        raise PlelabError("data.val_shard names one shard, and the mixture has several token sources; hold out "
+                          "blocks instead (drop data.val_shard)")
+    tok = resolve_tokenizer(data, sources, vocab_size, progress, build, verify)
     parts = []
     for src, _ in sources:
         if src.kind == "tokens":
-            parts.append(pretokenized_data(src, vocab_size, tok, data.val_fraction, data.token_dtype, data.val_shard))
+            parts.append(pretokenized_data(src, vocab_size, tok, data.val_fraction, data.token_dtype, data.val_shard,
+                                           rescan=verify, min_block=min_block))
         else:
-            if data.token_dtype is not None or data.val_shard is not None:
-                key = "data.token_dtype" if data.token_dtype is not None else "data.val_shard"
-                raise PlelabError(f"{key} applies to pre-tokenized shards (.bin/.npy), and {src.name} is text; "
-                                  f"drop {key}")
             parts.append(ingest_source(src, tok, data.val_fraction, progress=progress, verify=verify, log=log,
                                        build=build))
     return parts[0] if len(parts) == 1 else _combine(parts, [w for _, w in sources])
@@ -154,9 +169,9 @@ def prepare_data(cfg: RunConfig, progress: bool = True, dist=None, verify: bool 
     """:func:`load_data` for a run config, coordinated under torchrun (rank 0 first, the others then read)."""
     dist = dist or DistInfo()
 
-    def run() -> TokenData:
-        return load_data(cfg.data, cfg.model.vocab_size, progress=progress and dist.is_main, verify=verify,
-                         build=build)
+    def run() -> TokenData:  # verify on rank 0 only: the others read what it checked
+        return load_data(cfg.data, cfg.model.vocab_size, progress=progress and dist.is_main,
+                         verify=verify and dist.is_main, build=build, min_block=cfg.train.seq_len + 1)
 
     if dist.is_main:
         try:

@@ -5,9 +5,10 @@ like the text cache) they are scanned: a streamed sha256 over ``dtype`` and ever
 corpus fingerprint) and each file's largest id, which must be below the vocabulary (the tokenizer's
 with ``--tokenizer``, else ``model.vocab_size``). Validation: ``data.val_shard`` holds one shard out;
 otherwise the concatenated stream is cut into contiguous blocks of ``block`` ids (``min(65 536,
-max(1, tokens // 100))``) and a block is held out iff the sha256 of its index, read as a fraction, is
-below ``data.val_fraction`` (at least one block each way). The blocks of each split are read back to
-back, so a training sequence may span two blocks, as in any packed stream it may span two documents.
+max(1, tokens // 100))``, at least a run's ``seq_len + 1``) and a block is held out iff the sha256 of
+its index, read as a fraction, is below ``data.val_fraction`` (at least one block each way). The blocks
+of each split are read back to back, so a training sequence may span two blocks, as in any packed
+stream it may span two documents.
 """
 
 from __future__ import annotations
@@ -32,12 +33,15 @@ DTYPE_FIX = "declare the dtype the shards were written with: --set data.token_dt
 
 def open_token_file(path: Path, declared: str | None) -> np.ndarray:
     """A 1-D memory map of ``path``; one-line errors for an empty, truncated or mistyped shard."""
-    if path.suffix == ".npy":
+    if path.suffix.lower() == ".npy":
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError) as err:
             raise PlelabError(f"cannot read token shard {path}: {str(err).splitlines()[0]} (truncated or not a .npy "
                               "file?); re-create it") from None
+        if not isinstance(arr, np.ndarray):
+            raise PlelabError(f"token shard {path} is an .npz archive, not one .npy array; save each shard with "
+                              "np.save")
         if arr.ndim != 1 or arr.dtype.kind not in "ui":
             raise PlelabError(f"token shard {path} holds a {arr.ndim}-D {arr.dtype} array; a shard is a 1-D array of "
                               "integer token ids")
@@ -57,15 +61,16 @@ def open_token_file(path: Path, declared: str | None) -> np.ndarray:
     return arr
 
 
-def _scan(src: Source, arrays: list[np.ndarray], declared: str | None) -> dict:
-    """Fingerprint and largest id of every shard, cached by (paths, sizes, mtimes)."""
+def _scan(src: Source, arrays: list[np.ndarray], declared: str | None, rescan: bool = False) -> dict:
+    """Fingerprint and largest id of every shard, cached by (paths, sizes, mtimes); ``rescan`` ignores the cache."""
     files = source_manifest(src)
     key = hashlib.sha256(json.dumps([SCAN_VERSION, str(src.path.resolve()), files, declared]).encode()).hexdigest()
     path = cache_dir("pretokenized") / f"{key[:20]}.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        pass
+    if not rescan:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            pass
     h = hashlib.sha256(str(arrays[0].dtype).encode())
     top = []
     for arr in arrays:
@@ -92,11 +97,13 @@ def _views(arrays: list[np.ndarray], starts: list[int], lo: int, hi: int) -> lis
     return out
 
 
-def block_split(arrays: list[np.ndarray], val_fraction: float) -> tuple[list, list, int, int, int]:
-    """``(train views, val views, n_train_blocks, n_val_blocks, block)`` over the concatenated stream."""
+def block_split(arrays: list[np.ndarray], val_fraction: float,
+                min_block: int = 1) -> tuple[list, list, int, int, int]:
+    """``(train views, val views, n_train_blocks, n_val_blocks, block)`` over the concatenated stream; a block holds
+    at least ``min_block`` ids (a run's ``seq_len + 1``, so that a validation window is not stitched from blocks)."""
     starts = np.cumsum([0] + [len(a) for a in arrays]).tolist()
     total = starts[-1]
-    block = min(VAL_BLOCK, max(1, total // 100))
+    block = max(min_block, min(VAL_BLOCK, max(1, total // 100)))
     n = -(-total // block)
     u = np.array([int.from_bytes(hashlib.sha256(f"block:{i}".encode()).digest()[:8], "little") / 2**64
                   for i in range(n)])
@@ -120,7 +127,8 @@ def block_split(arrays: list[np.ndarray], val_fraction: float) -> tuple[list, li
 
 
 def pretokenized_data(src: Source, vocab_size: int, tok: Tokenizer | None, val_fraction: float,
-                 declared: str | None = None, val_shard: str | None = None) -> TokenData:
+                      declared: str | None = None, val_shard: str | None = None, rescan: bool = False,
+                      min_block: int = 1) -> TokenData:
     """Token data over the shards of ``src`` (see the module docstring)."""
     arrays = [open_token_file(f, declared) for f in src.files]
     if len({a.dtype for a in arrays}) > 1:
@@ -128,7 +136,7 @@ def pretokenized_data(src: Source, vocab_size: int, tok: Tokenizer | None, val_f
         raise PlelabError(f"the token shards of {src.path} mix id types ({kinds}); give shards of one dtype")
     vocab, what = (tok.get_vocab_size(), f"the tokenizer's {tok.get_vocab_size():,} entries") if tok else \
         (vocab_size, f"model.vocab_size={vocab_size:,}")
-    scan = _scan(src, arrays, declared)
+    scan = _scan(src, arrays, declared, rescan)
     for f, m in zip(src.files, scan["max_id"]):
         if m >= vocab:
             fix = f", or {DTYPE_FIX}" if f.suffix == ".bin" else ""
@@ -147,7 +155,7 @@ def pretokenized_data(src: Source, vocab_size: int, tok: Tokenizer | None, val_f
         train = [a for i, a in enumerate(arrays) if i != k]
         return TokenData(TokenStream(train), TokenStream([arrays[k]]), scan["fingerprint"], src.name, len(train), 1,
                          0, tok_json, unit="shards", location=str(src.path))
-    train, val, n_train, n_val, _ = block_split(arrays, val_fraction)
+    train, val, n_train, n_val, _ = block_split(arrays, val_fraction, min_block)
     return TokenData(TokenStream(train), TokenStream(val), scan["fingerprint"], src.name, n_train, n_val, 0,
                      tok_json, unit="blocks", location=str(src.path))
 

@@ -6,7 +6,7 @@
 - :class:`TokenStream` is one logical 1-D stream over memory-mapped pieces: ``len``, slicing across shard
   boundaries, and chunked ``bincount``/``max`` that never load the stream whole.
 - :class:`HashSet64` holds the 64-bit hashes of the documents seen (dedup) in sorted numpy arrays of
-  doubling size: 8 bytes per distinct document, plus at most as much again during a merge.
+  doubling size: 8 bytes per distinct document, plus at most as much again while two levels are merged.
 """
 
 from __future__ import annotations
@@ -167,7 +167,8 @@ class HashSet64:
         new &= ~self._contains(keys)
         level = np.sort(keys[new])
         while self.levels and len(self.levels[-1]) <= len(level):
-            level = np.sort(np.concatenate([self.levels.pop(), level]), kind="stable")  # merges two sorted runs
+            level = np.concatenate([self.levels.pop(), level])
+            level.sort(kind="stable")  # in place: merges the two sorted runs
         if len(level):
             self.levels.append(level)
         return new

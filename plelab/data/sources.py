@@ -31,6 +31,9 @@ TEXT_SUFFIXES = (".txt", ".md", ".text")
 COMPRESSED = (".gz", ".zst")
 TOKEN_SUFFIXES = (".bin", ".npy")  # pre-tokenized shards (plelab.data.pretokenized)
 READABLE_SUFFIXES = (*TEXT_SUFFIXES, ".jsonl", ".parquet")
+# Suffixes of formats that would otherwise be read as plain text (any other suffix is: .log, .rst, none, ...).
+UNSUPPORTED = (".json", ".csv", ".tsv", ".gz", ".zst", ".bz2", ".xz", ".zip", ".tar", ".pt", ".pkl", ".arrow",
+               ".npz", ".safetensors")
 BLOCK_BYTES = 1 << 20  # text files are read this many bytes at a time
 MAX_PARAGRAPH = 4 << 20  # a "paragraph" with no blank line for this many characters is cut here
 
@@ -84,6 +87,9 @@ def resolve_source(path: str | os.PathLike | None, text_field: str = "text") -> 
     if not p.exists():
         raise PlelabError(f"data path {p} does not exist; pass a text/JSONL/Parquet file, token shards or a folder")
     if p.is_file():
+        if file_kind(p) is None and p.name.lower().endswith(UNSUPPORTED):
+            raise PlelabError(f"{p} is not a format plelab reads: give text (.txt/.md), JSONL (.jsonl, .jsonl.gz, "
+                              ".jsonl.zst), Parquet, a HF datasets folder, or token shards (.bin/.npy)")
         return Source(p, "tokens" if file_kind(p) == "tokens" else "files", (p,), text_field)
     if _is_hf_dataset_dir(p):
         return Source(p, "hf", tuple(sorted(f for f in p.rglob("*") if f.is_file())), text_field)
@@ -153,10 +159,11 @@ def _text_blocks(path: Path) -> Iterator[str]:
         if first and b"\x00" in block[:65536]:
             raise PlelabError(f"{path} looks binary (it contains NUL bytes); pass UTF-8 text")
         first = False
+        held = len(decoder.getstate()[0])  # bytes of a character the previous block ended inside
         try:
             text = decoder.decode(block)
         except UnicodeDecodeError as err:
-            raise PlelabError(f"{path} is not UTF-8 (invalid byte at offset {offset + err.start}); "
+            raise PlelabError(f"{path} is not UTF-8 (invalid byte at offset {offset - held + err.start}); "
                               "convert it to UTF-8") from None
         offset += len(block)
         text = carry + text
@@ -212,11 +219,18 @@ def _paragraphs(blocks) -> Iterator[str]:
     for block in blocks:
         parts = (pending + block).split("\n\n")
         pending = parts.pop()
-        yield from parts
+        for part in parts:
+            yield from _cut(part)
         while len(pending) > MAX_PARAGRAPH:
             yield pending[:MAX_PARAGRAPH]
             pending = pending[MAX_PARAGRAPH:]
-    yield pending
+    yield from _cut(pending)
+
+
+def _cut(paragraph: str):
+    """A paragraph in pieces of at most MAX_PARAGRAPH characters (wherever the blocks fell)."""
+    for i in range(0, max(len(paragraph), 1), MAX_PARAGRAPH):
+        yield paragraph[i:i + MAX_PARAGRAPH]
 
 
 def chunk_paragraphs(text, min_chars: int = 2000) -> Iterator[str]:
@@ -237,19 +251,26 @@ def chunk_paragraphs(text, min_chars: int = 2000) -> Iterator[str]:
         yield "\n\n".join(buf)
 
 
+MAX_LINE = 1 << 26  # a JSONL line (one document) longer than 64 MiB is refused, not read whole
+
+
 def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
-    """One document per JSON object line, its text in ``text_field``."""
-    lines = io.TextIOWrapper(io.BufferedReader(_LineSource(path), BLOCK_BYTES), encoding="utf-8", errors="strict",
-                             newline="")
+    """One document per JSON object line, its text in ``text_field`` (null and blank texts are skipped)."""
+    lines = io.BufferedReader(_LineSource(path), BLOCK_BYTES)
     n = 0
     while True:
-        try:
-            line = lines.readline()
-        except UnicodeDecodeError:
-            raise PlelabError(f"{path} line {n + 1} is not UTF-8; convert the file to UTF-8") from None
-        if not line:
+        raw = lines.readline(MAX_LINE + 1)
+        if not raw:
             return
         n += 1
+        if len(raw) > MAX_LINE:
+            raise PlelabError(f"{path} line {n} is longer than {MAX_LINE >> 20} MiB; JSONL holds one document per "
+                              "line (a JSON array is not JSONL)")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise PlelabError(f"{path} line {n} is not UTF-8 (invalid byte at column {err.start + 1}); "
+                              "convert the file to UTF-8") from None
         if not line.strip():
             continue
         try:
@@ -259,10 +280,13 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
                               "each line must be one JSON object") from None
         if not isinstance(record, dict) or text_field not in record:
             raise PlelabError(f"{path} line {n} has no field {text_field!r}; choose the text field with --text-field")
-        if not isinstance(record[text_field], str):
-            raise PlelabError(f"{path} line {n}: field {text_field!r} is {type(record[text_field]).__name__}, not text")
-        if record[text_field].strip():
-            yield record[text_field].strip()
+        text = record[text_field]
+        if text is None:
+            continue
+        if not isinstance(text, str):
+            raise PlelabError(f"{path} line {n}: field {text_field!r} is {type(text).__name__}, not text")
+        if text.strip():
+            yield text.strip()
 
 
 class _LineSource(io.RawIOBase):

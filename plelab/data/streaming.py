@@ -151,7 +151,7 @@ def _write_all(tmp: Path, tok: Tokenizer, src: Source, val_fraction: float, show
     record = {"fingerprint": state.fingerprint.hexdigest(), "documents": state.documents,
               "duplicates": state.documents - len(state.seen), "pieces": 0, "dtype": dtype.name, "splits": splits}
     if state.documents == 0:
-        raise PlelabError(f"data path {src.path} holds no text (empty files or empty text fields); "
+        raise PlelabError(f"data path {src.path or src.name} holds no text (empty files or empty text fields); "
                           "pass non-empty UTF-8 text")
     if splits["train"]["documents"] and splits["val"]["documents"]:
         return record
@@ -198,32 +198,41 @@ class NotReady(PlelabError):
     """``build=False`` and the cache does not hold what was asked for (``plelab ingest --check``)."""
 
 
+def _discard(folder: Path) -> None:
+    """Remove a cache entry so that no kill leaves half of it: renamed away first (one atomic step), then deleted."""
+    if folder.exists():
+        gone = folder.parent / f".{folder.name}.old-{os.getpid()}"
+        os.replace(folder, gone)
+        shutil.rmtree(gone, ignore_errors=True)
+
+
 def ingest_source(src: Source, tok: Tokenizer, val_fraction: float, progress: bool = True, verify: bool = False,
-           log=print, build: bool = True) -> TokenData:
+                  log=print, build: bool = True) -> TokenData:
     """The token shards of ``src`` under ``tok``: from the cache when its key matches, else built (atomically).
 
     With ``verify`` a cached entry is trusted only if re-reading the text gives its fingerprint; if not (files
     rewritten with their old size and mtime) the entry is rebuilt, and ``log`` says so. With ``build=False``
-    nothing is built: :class:`NotReady` if the entry is missing."""
+    nothing is built or removed: :class:`NotReady` if the entry is missing or fails ``verify``."""
     key = ingest_key(src, tok, val_fraction)
     folder = cache_dir("ingest") / key
     with cache_lock(f"ingest-{key}"):
         manifest = _read_manifest(folder)
-        if manifest is None and not build:
-            raise NotReady(f"{src.name} is not ingested yet (for this tokenizer and data.val_fraction="
-                           f"{val_fraction}); run plelab ingest with the same flags")
         if manifest is not None and verify:
             now = streamed_fingerprint(src)
             if now != manifest["fingerprint"]:
+                if not build:
+                    raise NotReady(f"--verify: {src.name} changed without changing size or mtime (sha256 {now[:12]}…, "
+                                   f"cached {manifest['fingerprint'][:12]}…); run plelab ingest --verify to re-ingest")
                 log(f"--verify: {src.name} changed without changing size or mtime (sha256 {now[:12]}…, cached "
                     f"{manifest['fingerprint'][:12]}…); ingesting it again")
-                shutil.rmtree(folder)
                 manifest = None
+        if manifest is None and not build:
+            raise NotReady(f"{src.name} is not ingested yet (for this tokenizer and data.val_fraction="
+                           f"{val_fraction}); run plelab ingest with the same flags")
         if manifest is None:
-            for stale in folder.parent.glob(f".{key}.tmp-*"):  # left by an interrupted ingest
-                shutil.rmtree(stale, ignore_errors=True)
-            if folder.exists():
-                shutil.rmtree(folder)
+            for stale in [*folder.parent.glob(f".{key}.tmp-*"), *folder.parent.glob(f".{key}.old-*")]:
+                shutil.rmtree(stale, ignore_errors=True)  # left by an interrupted ingest
+            _discard(folder)
             tmp = folder.parent / f".{key}.tmp-{os.getpid()}"
             tmp.mkdir()
             try:
@@ -234,7 +243,7 @@ def ingest_source(src: Source, tok: Tokenizer, val_fraction: float, progress: bo
                 os.replace(tmp, folder)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-    return _load(folder, manifest, tok.to_str())
+        return _load(folder, manifest, tok.to_str())  # mapped under the lock: no rebuild can swap it meanwhile
 
 
 def prepare_tokens(corpus: Corpus, tok: Tokenizer, val_fraction: float, progress: bool = False) -> TokenData:

@@ -181,17 +181,22 @@ def val_windows(stream: np.ndarray, seq_len: int, max_windows: int) -> torch.Ten
 
 
 def data_val_windows(data: TokenData, seq_len: int, max_windows: int) -> torch.Tensor:
-    """:func:`val_windows` of the data's validation split; for a mixture, each source's validation split gives
-    its weight's share of the windows (at least one), so the validation loss weighs sources as training does."""
+    """:func:`val_windows` of the data's validation split. For a mixture, source ``s`` gives ``round(n·w_s)`` windows
+    (at least one), with ``n ≤ max_windows`` the largest count every source's validation split can supply at its
+    weight, so that the mean loss over the windows weighs the sources as training does; the sources' windows are
+    interleaved, so that any prefix (the diagnostics' first windows) mixes them too."""
     if not data.val_mixture:
         return val_windows(data.val, seq_len, max_windows)
-    out = []
+    n = max_windows
     for name, stream, w in data.val_mixture:
-        try:
-            out.append(val_windows(stream, seq_len, max(1, round(max_windows * w))))
-        except PlelabError as err:
-            raise PlelabError(f"mixture source {name}: {err}") from None
-    return torch.cat(out)
+        available = (len(stream) - 1) // seq_len
+        if available < 1:
+            raise PlelabError(f"mixture source {name}: the validation split has {len(stream)} tokens, fewer than "
+                              f"train.seq_len+1={seq_len + 1}; raise data.val_fraction or lower train.seq_len")
+        n = min(n, int(available / w))
+    parts = [val_windows(stream, seq_len, max(1, round(n * w))) for _, stream, w in data.val_mixture]
+    order = sorted(((i + 0.5) / len(p), k, i) for k, p in enumerate(parts) for i in range(len(p)))
+    return torch.stack([parts[k][i] for _, k, i in order])
 
 
 __all__ = ["PackedSampler", "TokenData", "data_val_windows", "pieces", "split_documents", "split_for_training",
