@@ -6,7 +6,8 @@
    from a pool of 200 k sentences over a Zipf(1.1) vocabulary of 60 k syllable-built words, so that BPE
    meets a realistic spread of words and no document repeats.
 2. In a child process (so its peak RSS is its own): trains the tokenizer on the bounded sample
-   (``data.tokenizer_sample_chars``, default 100 M characters) and ingests the corpus into token shards
+   (``data.tokenizer_sample_chars``, default 100 M characters: the documents with the smallest hashes)
+   and ingests the corpus into token shards
    (``plelab.data.pipeline.load_data``); then, in the same process and on the first 64 MB of the same
    documents, times HF ``Tokenizer.encode_batch_fast`` alone, in the same 2 M-character batches.
    Throughput is MB of UTF-8 text per second of the ingest pass (tokenizer training excluded, and

@@ -28,7 +28,7 @@ from plelab.data import sources as sources_mod
 from plelab.data.shards import open_split
 from plelab.data.sources import chunk_paragraphs, file_documents
 from plelab.data.streaming import prepare_tokens
-from plelab.data.tokenizer import EOS, Sample
+from plelab.data.tokenizer import EOS, corpus_fingerprint, hash_sample
 from plelab.errors import ConfigError, PlelabError
 
 WORDS = "per layer embeddings give every decoder layer its own small lookup of the token id".split()
@@ -84,6 +84,8 @@ def test_compressed_jsonl_parquet_row_groups_and_hf_folder_stream(tmp_path):
     (tmp_path / "d.jsonl.zst").write_bytes(zstd.ZstdCompressor().compress(lines))
     for name in ("d.jsonl.gz", "d.jsonl.zst"):
         assert list(file_documents(tmp_path / name, "body")) == texts
+    (tmp_path / "d.txt.gz").write_bytes(gzip.compress("\n\n".join(texts).encode()))
+    assert list(file_documents(tmp_path / "d.txt.gz")) == list(chunk_paragraphs("\n\n".join(texts)))
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
@@ -152,12 +154,17 @@ def test_pre_tokenized_bin_npy_folder_and_validation_splits(tmp_path):
         prepare_data(resolve_config("cpu-tiny", [f"data.path={shards}", "model.vocab_size=256"]), progress=False)
 
 
+def _tokenized_shard(corpus, folder):
+    """A BPE trained on ``corpus`` (saved as tok.json) and the corpus's ids as a raw uint16 shard t.bin."""
+    tok = train_tokenizer(corpus, 400, show_progress=False)
+    tok.save(str(folder / "tok.json"))
+    np.asarray([i for e in tok.encode_batch(corpus.documents) for i in e.ids], dtype=np.uint16).tofile(folder / "t.bin")
+    return tok
+
+
 def test_pre_tokenized_with_its_tokenizer(tmp_path):
     corpus = Corpus("c", _texts(200))
-    tok = train_tokenizer(corpus, 400, show_progress=False)
-    tok.save(str(tmp_path / "tok.json"))
-    ids = np.asarray([i for e in tok.encode_batch(corpus.documents) for i in e.ids], dtype=np.uint16)
-    ids.tofile(tmp_path / "t.bin")
+    tok = _tokenized_shard(corpus, tmp_path)
     cfg = resolve_config("cpu-tiny", [f"data.path={tmp_path / 't.bin'}", "data.token_dtype=uint16",
                                       f"data.tokenizer={tmp_path / 'tok.json'}", "model.vocab_size=512"])
     data = prepare_data(cfg, progress=False)
@@ -223,15 +230,15 @@ def test_warm_cache_reads_no_text_and_verify_rehashes(tmp_path, monkeypatch):
     assert checked.corpus_fingerprint == Corpus("x", texts).fingerprint
 
 
-def test_tokenizer_sample_is_bounded_and_the_whole_of_a_small_corpus():
+def test_tokenizer_sample_is_bounded_drawn_from_everywhere_and_the_whole_of_a_small_corpus():
     docs = _texts(500)
-    whole = Sample(iter(docs), 1.0, 10**9)
-    assert list(whole) == docs and whole.fingerprint == Corpus("x", docs).fingerprint
-    part = Sample(iter(docs), 0.3, 5_000)
-    taken = list(part)
-    assert 0 < part.chars and sum(len(d) for d in taken) < 5_000 + max(len(d) for d in docs)
-    assert taken == list(Sample(iter(docs), 0.3, 5_000))  # deterministic
-    assert len(taken) < len(docs)
+    assert hash_sample(iter(docs), 10**9) == docs  # the whole corpus, in order
+    assert corpus_fingerprint(docs) == Corpus("x", docs).fingerprint
+    part = hash_sample(iter(docs), 5_000)
+    assert 0 < sum(len(d) for d in part) <= 5_000 and part == hash_sample(iter(docs), 5_000)  # bounded, deterministic
+    positions = [docs.index(d) for d in part]
+    assert positions == sorted(positions) and positions[-1] > 250 and positions[0] < 250  # from the whole corpus
+    assert set(hash_sample(iter(docs), 2_500)) <= set(part)  # a smaller sample is part of a larger one
 
 
 def test_an_interrupted_ingest_restarts_cleanly(tmp_path):
@@ -280,11 +287,7 @@ def test_two_processes_ingesting_one_corpus_build_it_once(tmp_path):
 
 
 def test_review_cases_mixtures_of_text_and_shards_checks_and_messages(tmp_path):
-    corpus = Corpus("c", _texts(300))
-    tok = train_tokenizer(corpus, 400, show_progress=False)
-    tok.save(str(tmp_path / "tok.json"))
-    ids = np.asarray([i for e in tok.encode_batch(corpus.documents) for i in e.ids], dtype=np.uint16)
-    ids.tofile(tmp_path / "t.bin")
+    _tokenized_shard(Corpus("c", _texts(300)), tmp_path)
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in _texts(300, seed=3)))
     cfg = resolve_config("cpu-tiny", [f"data.mix={tmp_path / 'a.jsonl'}:0.9,{tmp_path / 't.bin'}:0.1",
                                       "data.token_dtype=uint16", f"data.tokenizer={tmp_path / 'tok.json'}",

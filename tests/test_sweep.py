@@ -129,7 +129,7 @@ def test_sweep_results_report_and_advise(sweep_dir, capsys):
     assert "data:image/png;base64," in html and "http://" not in html and "https://" not in html
     md = (rep / "report.md").read_text()
     for text in ("## Findings", "Results in the seed's format", "dp16-matched", "Does the early verdict",
-                 "tokens per table row", "How this grid maps"):
+                 "tokens per table row", "How this grid maps", "Token budget: a speed-up or added capacity?"):
         assert text in md
     data = json.loads((rep / "results.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
     rows = {r["arm"]: r for r in data["analysis"]["rows"]}
@@ -141,7 +141,10 @@ def test_sweep_results_report_and_advise(sweep_dir, capsys):
     assert early["n_vs_zero"] == 6 and all(r["vs_zero"] is not None for r in early["rows"])
     assert len((rep / "results.csv").read_text().splitlines()) == 1 + len(rows)
     assert {p.name for p in (rep / "plots").iterdir()} >= {"loss_vs_dp.png", "loss_vs_params.png", "paired_delta.png",
-                                                          "diagnostics_vs_dp.png", "loss_curves.png"}
+                                                          "diagnostics_vs_dp.png", "loss_curves.png",
+                                                          "token_budget.png"}
+    budget = data["analysis"]["token_budget"]
+    assert set(budget) == {"dp8", "dp16"} and all(len(e["curve"]) >= 2 and e["label"] for e in budget.values())
     capsys.readouterr()
     assert main(["advise", str(sweep_dir)]) == 0
     assert "Recommendation: dP =" in capsys.readouterr().out

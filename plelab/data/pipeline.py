@@ -3,7 +3,7 @@
 - Text sources are streamed into shards by :func:`plelab.data.streaming.ingest_source`; pre-tokenized ones
   (``.bin``/``.npy``) are memory-mapped where they lie (:func:`plelab.data.pretokenized.pretokenized_data`).
 - The tokenizer: ``data.tokenizer`` if given; else a byte-level BPE trained on a bounded sample of the
-  text (:func:`plelab.data.tokenizer.sampled_tokenizer`; a mixture samples each source by its weight),
+  text (:func:`plelab.data.tokenizer.hash_sample`; a mixture samples each source by its weight),
   indexed by the sources' (path, size, mtime) so that a warm run finds it without reading any text.
   Token shards without a tokenizer take their vocabulary from ``model.vocab_size``.
 - Under torchrun, rank 0 does the work first (training the tokenizer, writing the shards) while the
@@ -23,24 +23,13 @@ from plelab.config.schema import DataConfig, RunConfig
 from plelab.data.mixture import parse_mixture
 from plelab.data.pretokenized import pretokenized_data
 from plelab.data.shards import TokenStream
-from plelab.data.sources import Source, iter_documents, resolve_source, source_manifest
+from plelab.data.sources import Source, iter_documents, resolve_source
 from plelab.data.streaming import NotReady, cache_lock, ingest_source, source_identity
-from plelab.data.tokenizer import Sample, check_fits, load_tokenizer, sampled_tokenizer
+from plelab.data.tokenizer import check_fits, corpus_fingerprint, hash_sample, load_tokenizer, sampled_tokenizer
 from plelab.data.tokens import TokenData
 from plelab.distributed import DistInfo, all_ranks_ok
 from plelab.errors import PlelabError
 from plelab.io import atomic_write, cache_dir
-
-# Characters of text per byte on disk, to size the tokenizer sample before reading (compressed formats hold more).
-_CHARS_PER_BYTE = {".gz": 4.0, ".zst": 4.0, ".parquet": 3.0}
-
-
-def estimated_chars(src: Source) -> float:
-    """Characters of text a source holds, estimated from its file sizes (the embedded corpus: its own count)."""
-    if src.kind in ("embedded", "corpus"):
-        return 0.0  # small: always sampled whole
-    return sum(size * next((v for k, v in _CHARS_PER_BYTE.items() if rel.lower().endswith(k)), 1.0)
-               for rel, size, _ in source_manifest(src))
 
 
 def data_sources(data: DataConfig) -> list[tuple[Source, float]]:
@@ -49,14 +38,9 @@ def data_sources(data: DataConfig) -> list[tuple[Source, float]]:
     return [(resolve_source(p, data.text_field), w) for p, w in entries]
 
 
-def _text_sample(sources: list[tuple[Source, float]], sample_chars: int):
-    """A factory of the tokenizer sample's documents: each text source gives its weight's share of the sample."""
-    def documents():
-        for src, w in sources:
-            budget = sample_chars * w
-            est = estimated_chars(src)
-            yield from Sample(iter_documents(src), 1.0 if est <= budget else budget / est, int(budget))
-    return documents
+def _text_sample(sources: list[tuple[Source, float]], sample_chars: int) -> list[str]:
+    """The tokenizer sample: each text source's :func:`hash_sample` of its weight's share of ``sample_chars``."""
+    return [d for src, w in sources for d in hash_sample(iter_documents(src), int(sample_chars * w))]
 
 
 def resolve_tokenizer(data: DataConfig, sources: list[tuple[Source, float]], vocab_size: int,
@@ -76,13 +60,11 @@ def resolve_tokenizer(data: DataConfig, sources: list[tuple[Source, float]], voc
     index = cache_dir("tokenizers", "by-source") / f"{key}.json"
     sample_file = index.with_suffix(".sample")  # the sample's fingerprint, for verify
     total = sum(w for _, w in text)
-    documents = _text_sample([(s, w / total) for s, w in text], data.tokenizer_sample_chars)
     with cache_lock(f"tokenizer-{key}"):  # another process may be training it: wait, then take its file
+        sample = None
         if index.exists() and verify:
-            sample = Sample(documents(), 1.0, 1 << 62)
-            for _ in sample:
-                pass
-            if not sample_file.exists() or sample_file.read_text().strip() != sample.fingerprint:
+            sample = _text_sample([(s, w / total) for s, w in text], data.tokenizer_sample_chars)
+            if not sample_file.exists() or sample_file.read_text().strip() != corpus_fingerprint(sample):
                 if not build:
                     raise NotReady("--verify: the tokenizer's sample changed without changing size or mtime; run "
                                    "plelab ingest --verify to retrain it")
@@ -92,12 +74,14 @@ def resolve_tokenizer(data: DataConfig, sources: list[tuple[Source, float]], voc
         if not build:
             raise NotReady(f"no tokenizer has been trained for {', '.join(s.name for s, _ in text)} yet; run plelab "
                            "ingest with the same flags")
-        if next(iter(documents()), None) is None:
+        if sample is None:
+            sample = _text_sample([(s, w / total) for s, w in text], data.tokenizer_sample_chars)
+        if not sample:
             names = ", ".join(str(s.path or s.name) for s, _ in text)
             raise PlelabError(f"data path {names} holds no text (empty files or empty text fields); "
                               "pass non-empty UTF-8 text")
-        tok, sample = sampled_tokenizer(documents, vocab_size, 1.0, 1 << 62, progress)
-        atomic_write(sample_file, lambda p: p.write_text(sample.fingerprint))
+        tok = sampled_tokenizer(sample, vocab_size, progress)
+        atomic_write(sample_file, lambda p: p.write_text(corpus_fingerprint(sample)))
         atomic_write(index, lambda p: tok.save(str(p)))
     return tok
 

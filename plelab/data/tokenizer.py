@@ -3,17 +3,17 @@
 The saved ``tokenizer.json`` loads in HF (``PreTrainedTokenizerFast(tokenizer_file=...)``).
 Id 0 is ``<|endoftext|>``, used as the document separator.
 
-The sample: every document whose second 64-bit hash word, read as a fraction, is below
-``sample_chars / (estimated characters of the sources)``, in corpus order, until ``sample_chars``
-characters are taken. A corpus smaller than the sample (the embedded one) is taken whole, so its
-tokenizer is exactly the one trained on all of it. The trainer's memory is its word counts: bounded by
-the sample, not the corpus.
+The sample (:func:`hash_sample`): the documents with the smallest hash fractions whose characters add up to
+at most ``data.tokenizer_sample_chars``, in corpus order — drawn from the whole corpus whatever its size or
+compression. A corpus smaller than the sample (the embedded one) is taken whole, so its tokenizer is exactly
+the one trained on all of it. Memory: the sample itself while it is drawn, then the trainer's word counts.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator
+import heapq
+from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -56,50 +56,49 @@ def check_fits(tok: Tokenizer, vocab_size: int) -> Tokenizer:
     return tok
 
 
-class Sample:
-    """The bounded tokenizer sample of a stream of documents; ``fingerprint`` (after iterating) hashes what was
-    taken exactly as :attr:`Corpus.fingerprint` hashes a corpus, and ``whole`` says whether that was everything."""
-
-    def __init__(self, documents: Iterable[str], rate: float, max_chars: int) -> None:
-        self.documents, self.rate, self.max_chars = documents, rate, max_chars
-        self._hash, self.chars, self.whole = hashlib.sha256(), 0, rate >= 1
-
-    def __iter__(self) -> Iterator[str]:
-        for doc in self.documents:
-            data = doc.encode("utf-8")
-            if self.rate < 1:
-                u = int.from_bytes(hashlib.sha256(data).digest()[8:16], "little") / 2**64
-                if u >= self.rate:
-                    continue
-            if self.chars >= self.max_chars:
-                self.whole = False
-                return
-            self._hash.update(len(data).to_bytes(8, "little"))
-            self._hash.update(data)
-            self.chars += len(doc)
-            yield doc
-
-    @property
-    def fingerprint(self) -> str:
-        return self._hash.hexdigest()
+def corpus_fingerprint(documents: Iterable[str]) -> str:
+    """sha256 over every document's UTF-8 length and bytes, in order (what :attr:`Corpus.fingerprint` gives)."""
+    h = hashlib.sha256()
+    for doc in documents:
+        data = doc.encode("utf-8")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
 
 
-def sampled_tokenizer(documents: Callable[[], Iterable[str]], vocab_size: int, rate: float, max_chars: int,
-                      show_progress: bool = True) -> tuple[Tokenizer, Sample]:
-    """The BPE of the sample of ``documents()`` (called twice at most: hashing the sample, then training on it),
-    cached by the sample's fingerprint and ``vocab_size``; a sample that is the whole corpus is keyed by the
-    corpus's own fingerprint, so its tokenizer is the one every earlier run trained."""
-    sample = Sample(documents(), rate, max_chars)
-    for _ in sample:
-        pass
-    cached = cache_dir("tokenizers") / f"{sample.fingerprint[:16]}-v{vocab_size}.json"
+def hash_sample(documents: Iterable[str], max_chars: int) -> list[str]:
+    """The tokenizer sample: the documents whose hash fractions are smallest (the second 64-bit word of their
+    sha256) and whose characters add up to at most ``max_chars``, returned in corpus order. A corpus within
+    ``max_chars`` is taken whole, in order. One pass; memory: the sample itself (a bounded max-heap)."""
+    heap: list[tuple[float, int, str]] = []  # (-u, position, doc): the largest u on top
+    total = 0
+    for pos, doc in enumerate(documents):
+        u = int.from_bytes(hashlib.sha256(doc.encode("utf-8")).digest()[8:16], "little") / 2**64
+        if total + len(doc) <= max_chars:
+            heapq.heappush(heap, (-u, pos, doc))
+            total += len(doc)
+            continue
+        if heap and -heap[0][0] <= u:
+            continue
+        heapq.heappush(heap, (-u, pos, doc))
+        total += len(doc)
+        while total > max_chars and len(heap) > 1:
+            total -= len(heapq.heappop(heap)[2])
+    return [doc for _, _, doc in sorted(heap, key=lambda t: t[1])]
+
+
+def sampled_tokenizer(sample: list[str], vocab_size: int, show_progress: bool = True) -> Tokenizer:
+    """The BPE of ``sample`` (:func:`hash_sample`), cached by the sample's fingerprint and ``vocab_size``; a sample
+    that is the whole corpus has the corpus's own fingerprint as its key, so its tokenizer is the one every
+    earlier run trained."""
+    cached = cache_dir("tokenizers") / f"{corpus_fingerprint(sample)[:16]}-v{vocab_size}.json"
     if cached.exists():
-        return check_fits(load_tokenizer(cached), vocab_size), sample
-    if not sample.chars:
+        return check_fits(load_tokenizer(cached), vocab_size)
+    if not sample:
         raise PlelabError("the tokenizer sample is empty: the data holds no text; pass non-empty UTF-8 text")
-    tok = train_tokenizer(Sample(documents(), rate, max_chars), vocab_size, show_progress)
+    tok = train_tokenizer(sample, vocab_size, show_progress)
     atomic_write(cached, lambda p: tok.save(str(p)))
-    return check_fits(tok, vocab_size), sample
+    return check_fits(tok, vocab_size)
 
 
 def get_tokenizer(corpus: Corpus, vocab_size: int, path: str | None = None, show_progress: bool = True) -> Tokenizer:

@@ -105,6 +105,24 @@ def early_table(early: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def budget_table(budget: dict) -> tuple[list[str], list[list[str]]]:
+    def gain(g):
+        return "—" if not g or g["ci_low"] is None else f"{g['mean']:+.4f} [{g['ci_low']:+.4f}, {g['ci_high']:+.4f}]"
+
+    rows = []
+    for arm, e in budget.items():
+        last = e["curve"][-1] if e["curve"] else None
+        iso = "—"
+        if last is not None:
+            iso = (f"{last['iso_ratio_median']:.2f}" if last["iso_ratio_median"] is not None
+                   else "> 1 (the baseline never got there)")
+        rows.append([f"{arm} vs {e['baseline']}", str(e.get("half_step", "—")), gain(e.get("gain_half")),
+                     str(e.get("final_step", "—")), gain(e.get("gain_final")), gain(e.get("change")), iso,
+                     e["label"]])
+    return (["comparison", "half-way step", "gain there", "final step", "final gain", "change", "iso-loss ratio",
+             "verdict"], rows)
+
+
 def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> list[tuple]:
     spec = res.spec
     base_cfg = res.configs[spec.baseline]
@@ -142,6 +160,15 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> l
         out.append(("table", *early_table(ev)))
     else:
         out.append(("p", "No early checkpoint with a use test was found (set train.early_checkpoint)."))
+    budget = analysis.get("token_budget") or {}
+    if budget:
+        out += [("h2", "Token budget: a speed-up or added capacity?"),
+                ("p", "Each arm against the baseline along training (paired by seed): the gain at the evaluation "
+                      "nearest half-way and at the end, their change (positive: the gain shrank; Holm and TOST at "
+                      "±δ over the arms), and the iso-loss step ratio, the baseline steps needed for the arm's final "
+                      "loss per arm step (median over seeds; '>' where the baseline never reached it). Inside one "
+                      "cosine schedule the tokens seen and the schedule's position move together."),
+                ("table", *budget_table(budget))]
     out += [("h2", "How this grid maps onto the seed's"), ("ul", [
         "dP/H here: " + ", ".join(f"{d}/{reg['hidden_size']} = {r:.3f}" for d, r in reg["dp_over_h"]) + "; "
         f"the seed's 64…512 at H=2560 span {reg['seed_dp_over_h'][0]:.3f}…{reg['seed_dp_over_h'][1]:.3f}.",

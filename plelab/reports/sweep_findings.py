@@ -121,6 +121,18 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[Finding]:
     seed_step = seed_step_finding(cons, spec, res.configs[spec.baseline]["model"]["hidden_size"])
     if seed_step is not None:
         out.append(seed_step)
+    budget = analysis.get("token_budget") or {}
+    decided = {arm: e for arm, e in budget.items() if "change" in e}
+    if decided:
+        parts = [f"{arm}: {e['label']} ({e['reason']})" for arm, e in decided.items()]
+        iso = [(arm, e["curve"][-1]["iso_ratio_median"]) for arm, e in decided.items()]
+        iso_text = "; ".join(f"{a} {r:.2f}×" if r is not None else f"{a} > 1× (the baseline never got there)"
+                             for a, r in iso)
+        out.append(Finding("Token budget, the gain over the baseline from half-way to the end of training: "
+                           + "; ".join(parts) + f". Baseline steps per arm step to the arm's final loss (median over "
+                           f"seeds): {iso_text}. Within one cosine schedule, so a closing gain is a speed-up within "
+                           "this schedule; longer budgets are other runs (plelab plan --target).",
+                           *(("token_budget", arm) for arm in decided)))
     out.append(Finding(f"Regime: {reg['tokens_per_row']:,.0f} training tokens per table row here vs ≈"
                        f"{reg['seed_tokens_per_row']:,.0f} in the seed, and {reg['base_params'] / 1e6:.2f}M vs 2,458M "
                        "base parameters; a result here is evidence about this regime, not a reproduction of the seed's "

@@ -137,8 +137,33 @@ def plot_early(analysis: dict, out: Path) -> Path | None:
     return save_figure(fig, out / "early_vs_final.png")
 
 
+def plot_budget(res: SweepResults, analysis: dict, out: Path) -> Path | None:
+    """The paired Δ vs the baseline along training (mean ± 95% CI over seeds) and the iso-loss step ratio."""
+    budget = {a: e for a, e in (analysis.get("token_budget") or {}).items() if len(e["curve"]) >= 2}
+    if not budget:
+        return None
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    tokens = res.configs[res.spec.baseline]["train"]["batch_size"] * res.configs[res.spec.baseline]["train"]["seq_len"]
+    for i, (arm, e) in enumerate(budget.items()):
+        xs = [r["step"] * tokens / 1e6 for r in e["curve"]]
+        left.plot(xs, [r["delta"] for r in e["curve"]], color=f"C{i}", marker="o", ms=3, label=arm)
+        low = [r["ci_low"] if r["ci_low"] is not None else r["delta"] for r in e["curve"]]
+        high = [r["ci_high"] if r["ci_high"] is not None else r["delta"] for r in e["curve"]]
+        left.fill_between(xs, low, high, color=f"C{i}", alpha=0.2)
+        iso = [(x, r["iso_ratio_median"]) for x, r in zip(xs, e["curve"]) if r["iso_ratio_median"] is not None]
+        if iso:
+            right.plot(*zip(*iso), color=f"C{i}", marker="o", ms=3, label=arm)
+    left.axhline(0, color="k", lw=0.8)
+    right.axhline(1, color="k", lw=0.8)
+    finish_axes(left, "training tokens (M)", f"Δ loss vs {res.spec.baseline} (nats)",
+                "paired gain along training, 95% CI")
+    finish_axes(right, "training tokens (M)", "baseline steps / arm steps", "iso-loss step ratio (median)")
+    return save_figure(fig, out / "token_budget.png")
+
+
 def all_plots(res: SweepResults, analysis: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = plot_loss(res, out) + [plot_paired(res, analysis, out), plot_diagnostics(res, out), plot_curves(res, out)]
-    early = plot_early(analysis, out)
-    return paths + ([early] if early else [])
+    extra = [plot_early(analysis, out), plot_budget(res, analysis, out)]
+    return paths + [p for p in extra if p]

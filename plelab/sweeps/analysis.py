@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from plelab.diagnostics.verdict import verdict
 from plelab.sweeps import blocked, stats
+from plelab.sweeps.budget import token_budget
 from plelab.sweeps.results import SweepResults
 from plelab.sweeps.spec import CURVE_CONTROLS
 
@@ -245,4 +246,5 @@ def analyse(res: SweepResults) -> dict:
         "missing": res.missing,
         "methods": methods,
         "sensitivity": sensitivity,
+        "token_budget": token_budget(res),
     }
