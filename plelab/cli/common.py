@@ -63,14 +63,15 @@ def names(flag: str):
     return parse
 
 
-def config_args(p: argparse.ArgumentParser, preset: str = "cpu-tiny", seed: bool = True) -> None:
-    """``--preset``, ``--config``, ``--gate``, (``--seed``,) ``--set``: how every verb that resolves a config gets one
-    (:func:`plelab.config.resolve_run_config`)."""
+def config_args(p: argparse.ArgumentParser, preset: str = "cpu-tiny", seed: bool = True, gate: bool = True) -> None:
+    """``--preset``, ``--config``, (``--gate``,) (``--seed``,) ``--set``: how every verb that resolves a config gets
+    one (:func:`plelab.config.resolve_run_config`)."""
     p.add_argument("--preset", help=f"named preset: {', '.join(PRESETS)} (default {preset}; the one --config names; "
                                     "when resuming, the run's own)")
     p.add_argument("--config", metavar="FILE", help="a JSON or TOML config file (a run's config.json, or any subset "
                                                     "of its keys) as the base; --set and the flags apply on top")
-    p.add_argument("--gate", choices=GATE_KINDS, help="PLE gate variant (default gemma)")
+    if gate:
+        p.add_argument("--gate", choices=GATE_KINDS, help="PLE gate variant (default gemma)")
     if seed:
         p.add_argument("--seed", type=int, help="run seed (default 0)")
     add_set(p)
@@ -83,4 +84,4 @@ def add_set(p: argparse.ArgumentParser, what: str = "any config field") -> None:
 
 def config_settings(args: argparse.Namespace, **more) -> dict:
     """The config keys the shared flags set (``None``: not given), plus ``more``."""
-    return {"ple.gate": args.gate, "seed": getattr(args, "seed", None), **more}
+    return {"ple.gate": getattr(args, "gate", None), "seed": getattr(args, "seed", None), **more}

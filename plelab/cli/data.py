@@ -66,7 +66,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("ingest", help="prepare (or --check) a corpus's token shards without training")
-    config_args(p, seed=False)
+    config_args(p, seed=False, gate=False)  # the data do not depend on the seed or the gate
     data_args(p)
     p.add_argument("--verify", action="store_true",
                    help="re-read and re-hash the text even when the cache's file list (sizes, mtimes) matches; "
