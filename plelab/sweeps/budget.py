@@ -17,7 +17,9 @@ c = Δ(final) − Δ(half), so c > 0 means the gain shrank. The c's of all arms 
 A *gain of interest* at a step is a significant drop there that is not shown smaller than δ (the label
 "significant drop", unadjusted: it describes one point of the curve).
 
-- "no gain to track": no gain of interest at half-way or at the end.
+- "no established gain to track": no gain of interest at half-way or at the end, by the pair's own paired
+  t (which can be wider than the blocked test of the main curve: a gain the main curve finds may still be
+  unestablished here).
 - "closing (a speed-up)": a gain of interest at half-way, and c > 0 significantly. Said "closed" when
   no gain of interest is left at the end.
 - "staying (capacity)": a gain of interest at the end, and c equivalent to 0 within ±δ (or a real
@@ -40,7 +42,7 @@ from plelab.sweeps import stats
 from plelab.sweeps.results import SweepResults
 
 CLOSING, CLOSED, STAYING, GROWING, NO_GAIN = ("closing (a speed-up)", "closed (a speed-up)", "staying (capacity)",
-                                              "growing", "no gain to track")
+                                              "growing", "no established gain to track")
 
 
 def _history(run) -> dict[int, float]:
@@ -121,7 +123,8 @@ def _verdict(entry: dict, c: stats.Comparison) -> tuple[str, str]:
                f"{entry['final_step']}; change {c.mean:+.4f} [{c.ci_low:+.4f}, {c.ci_high:+.4f}], "
                f"p_Holm {c.p_adj:.3g}, p_TOST,Holm {c.p_tost_adj:.3g}")
     if not _significant_gain(half) and not _significant_gain(final):
-        return NO_GAIN, numbers + f": no significant gain beyond δ={c.delta} half-way or at the end"
+        return NO_GAIN, numbers + (f": by its own paired t over {c.n} seeds the gain is a significant drop beyond "
+                                   f"δ={c.delta} neither half-way nor at the end")
     if c.label in (stats.RISE,) and _significant_gain(half):
         return (CLOSING if _significant_gain(final) else CLOSED), numbers
     if c.label == stats.DROP:
