@@ -25,10 +25,11 @@ from plelab.data import (
     train_tokenizer,
 )
 from plelab.data import sources as sources_mod
+from plelab.data.corpus import corpus_fingerprint
 from plelab.data.shards import open_split
 from plelab.data.sources import chunk_paragraphs, file_documents
 from plelab.data.streaming import prepare_tokens
-from plelab.data.tokenizer import EOS, corpus_fingerprint, hash_sample
+from plelab.data.tokenizer import EOS, hash_sample
 from plelab.errors import ConfigError, PlelabError
 
 WORDS = "per layer embeddings give every decoder layer its own small lookup of the token id".split()

@@ -1,4 +1,5 @@
-"""Dataclass configs: model trunk, PLE, training, data — and the run config that holds them.
+"""Dataclass configs: model trunk, PLE, training, data — and the run config that holds them (the visual section
+is :mod:`plelab.config.visual_schema`).
 
 Every field has a default and a one-line comment; every section validates itself and raises
 :class:`~plelab.errors.ConfigError` with a one-line message naming the field and the allowed
@@ -16,12 +17,12 @@ a purpose compares (:func:`plelab.config.keys_tagged`):
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from plelab.config.overrides import load_dict, tags
-from plelab.errors import ConfigError
+from plelab.config.checks import _ADVISE, _DATA, _RESUME, _RESUME_ADVISE, _require, _require_choice
+from plelab.config.overrides import load_dict
+from plelab.config.visual_schema import QUANTIZER_IDS, VISUAL_IDS, Injection, QuantizerIds, VisualConfig, VisualIds
 
 GateKind = Literal["gemma", "scalar", "vector", "none"]
 TableIds = Literal["token", "iid"]
@@ -30,26 +31,8 @@ TableOptimizer = Literal["adamw", "row-sparse"]
 TableDevice = Literal["auto", "cpu"]
 Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
-QuantizerIds = Literal["vq", "lfq", "bsq"]
-VisualIds = Literal["none", "dct-kmeans", "siglip-kmeans", "random", "oracle", QuantizerIds]
-Injection = Literal["per-layer", "layer0"]
 GATE_KINDS: tuple[str, ...] = get_args(GateKind)
-VISUAL_IDS: tuple[str, ...] = get_args(VisualIds)
-QUANTIZER_IDS: tuple[str, ...] = get_args(QuantizerIds)
 
-_RESUME, _ADVISE, _DATA = tags("resume"), tags("advise"), tags("sweep_data")
-_RESUME_ADVISE = tags("resume", "advise")
-
-
-def _require(cond: bool, key: str, value: object, allowed: str) -> None:
-    if not cond:
-        raise ConfigError(f"invalid config value {key}={value!r}: allowed {allowed}")
-
-
-def _require_choice(value: object, key: str, choices) -> None:
-    """``value`` must be one of a ``Literal`` type's choices."""
-    allowed = get_args(choices)
-    _require(value in allowed, key, value, " | ".join(allowed))
 
 
 @dataclass
@@ -279,92 +262,6 @@ class DataConfig:
 
 
 @dataclass
-class VisualConfig:
-    """Visual PLE runs: image–caption data, frozen patch encoder, visual IDs and the visual table.
-
-    With ``enabled`` the run trains :class:`plelab.visual.model.VisualPLEModel` on image–caption pairs
-    (the embedded scenes, or ``data``) with the caption loss; ``ids`` picks what keys the visual table
-    (``none``: no visual table, the baseline; ``random``: i.i.d. draws from dct-kmeans's ID frequencies;
-    ``oracle``: the scenes' patch labels; ``vq`` / ``lfq`` / ``bsq``: online quantizers of the patch
-    features). ``model.vocab_size`` is set from the caption vocabulary.
-
-    Quantizers train on their own stream of scenes (seeded by ``data_seed``, ``quantizer_batch`` images
-    a step, Adam at ``quantizer_lr``), one step per LM step: with ``online`` the LM's IDs come from the
-    quantizer as it trains (IDs flip); otherwise it is pretrained for ``train.steps`` steps on the same
-    stream and frozen — it ends identical to the online one, so the two arms differ only by the flips.
-    """
-
-    enabled: bool = field(default=False, metadata=_DATA)
-    ids: VisualIds = field(default="none", metadata=tags("sweep_data", "visual_ids"))
-    k: int = field(default=64, metadata=tags("sweep_data", "visual_ids"))
-    scenes: int = field(default=4000, metadata=_DATA)
-    val_scenes: int = field(default=400, metadata=_DATA)
-    data_seed: int = field(default=0, metadata=_DATA)
-    image_size: int = field(default=48, metadata=_DATA)
-    patch: int = field(default=8, metadata=_DATA)
-    encoder_steps: int = field(default=300, metadata=_DATA)
-    caption_len: int = field(default=48, metadata=_DATA)
-    # False withholds the continuous patch features: image positions get one learned constant
-    # embedding, so the image reaches the model only through the visual table (the redundancy ablation,
-    # and the setting where the oracle control must win).
-    features: bool = field(default=True, metadata=_DATA)
-    # Noise added to the features the LM reads (not to what the tokenizers read), in units of each feature's
-    # training-set sd, one fixed draw per scene: a caption task with room for a table keyed by good IDs to help
-    # (with clean features the image alone leaves little to explain, and a study on it cannot fail).
-    feature_noise: float = field(default=0.0, metadata=_DATA)
-    # Users' image–caption pairs (.jsonl or a folder); None = the embedded scenes.
-    data: str | None = field(default=None, metadata=_DATA)
-    online: bool = field(default=True, metadata=tags("sweep_data", "quantizer_ids"))
-    quantizer_lr: float = field(default=1e-3, metadata=tags("sweep_data", "quantizer_ids"))
-    quantizer_batch: int = field(default=32, metadata=tags("sweep_data", "quantizer_ids"))
-    # The visual next-token fix and the redundancy ablation (issue 8): ``table`` switches the visual
-    # table keyed by the IDs on or off (the IDs may still be targets); ``injection`` is its form —
-    # ``per-layer`` (the [K, L·dP] table through each layer's gate) or ``layer0`` (one [K, H] ID
-    # embedding added to the image positions' input); ``loss_weight`` is λ in L = L_text + λ·L_visual,
-    # L_visual the cross-entropy of a head over the K IDs predicting the next patch's ID (raster order).
-    table: bool = True
-    injection: Injection = "per-layer"
-    loss_weight: float = 0.0
-
-    def validate(self) -> None:
-        _require_choice(self.ids, "visual.ids", VisualIds)
-        _require(self.k >= 2, "visual.k", self.k, "an integer >= 2")
-        _require(self.scenes >= 16 and self.val_scenes >= 4, "visual.scenes", self.scenes,
-                 "an integer >= 16 (and visual.val_scenes >= 4)")
-        _require(self.patch >= 1 and self.image_size % self.patch == 0 and self.image_size >= 2 * self.patch,
-                 "visual.image_size", self.image_size, f"a multiple of visual.patch={self.patch}, at least twice it")
-        _require(self.ids != "oracle" or (self.k >= 37 and self.data is None), "visual.ids", self.ids,
-                 "oracle only on the embedded scenes (no visual.data) and with visual.k >= 37")
-        _require(self.encoder_steps >= 1, "visual.encoder_steps", self.encoder_steps, "an integer >= 1")
-        _require(math.isfinite(self.feature_noise) and self.feature_noise >= 0, "visual.feature_noise",
-                 self.feature_noise, "a finite number >= 0 (noise sd in units of each feature's sd)")
-        _require(self.features or self.feature_noise == 0, "visual.feature_noise", self.feature_noise,
-                 "0 when visual.features=false (no features reach the LM to add noise to)")
-        _require(self.caption_len >= 4, "visual.caption_len", self.caption_len, "an integer >= 4")
-        _require(self.ids not in ("lfq", "bsq") or (self.k & (self.k - 1) == 0), "visual.k", self.k,
-                 f"a power of two for visual.ids={self.ids} (K = 2^bits)")
-        _require(self.quantizer_lr > 0, "visual.quantizer_lr", self.quantizer_lr, "a number > 0")
-        _require(self.quantizer_batch >= 1, "visual.quantizer_batch", self.quantizer_batch, "an integer >= 1")
-        _require_choice(self.injection, "visual.injection", Injection)
-        _require(math.isfinite(self.loss_weight) and self.loss_weight >= 0, "visual.loss_weight", self.loss_weight,
-                 "a finite number >= 0 (λ of L_visual)")
-        _require(self.loss_weight == 0 or self.ids != "none", "visual.loss_weight", self.loss_weight,
-                 "0 when visual.ids=none (the visual loss predicts visual IDs: pick a tokenizer)")
-        _require(self.ids != "none" or (self.table and self.injection == "per-layer"), "visual.ids", self.ids,
-                 "a tokenizer when visual.table or visual.injection is set (with ids=none there are no IDs)")
-        _require(self.table or self.injection == "per-layer", "visual.injection", self.injection,
-                 "per-layer when visual.table=false (no table: nothing to inject)")
-        _require(self.table or self.loss_weight > 0 or self.ids == "none", "visual.table", self.table,
-                 "true unless visual.loss_weight > 0 (no table and no visual loss: the IDs are unused, that is "
-                 "visual.ids=none)")
-
-    @property
-    def per_layer_table(self) -> bool:
-        """Whether the run has the per-layer visual table ``[K, L·dP]``."""
-        return self.ids != "none" and self.table and self.injection == "per-layer"
-
-
-@dataclass
 class RunConfig:
     """Everything one run needs. Saved as ``RUN/config.json`` with every run."""
 
@@ -401,3 +298,7 @@ class RunConfig:
         """Build from a dict such as a saved ``config.json`` (keys it lacks keep their defaults); unknown keys
         and wrong types are errors."""
         return load_dict(cls(), d)
+
+
+__all__ = ["GATE_KINDS", "QUANTIZER_IDS", "VISUAL_IDS", "DataConfig", "Injection", "ModelConfig", "PLEConfig",
+           "QuantizerIds", "RunConfig", "TrainConfig", "VisualConfig", "VisualIds"]

@@ -27,6 +27,17 @@ _SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__p
               "turtledemo", "ensurepip"}
 
 
+def corpus_fingerprint(documents) -> str:
+    """sha256 over every document's UTF-8 length (8 bytes, little-endian) and bytes, in order; any iterable of
+    documents, streamed (what identifies a corpus, its tokenizer sample, and what ``--verify`` re-checks)."""
+    h = hashlib.sha256()
+    for doc in documents:
+        data = doc.encode("utf-8")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
 @dataclass
 class Corpus:
     """Named documents plus a sha256 fingerprint over their exact text and order."""
@@ -36,12 +47,7 @@ class Corpus:
 
     @property
     def fingerprint(self) -> str:
-        h = hashlib.sha256()
-        for doc in self.documents:
-            data = doc.encode("utf-8")
-            h.update(len(data).to_bytes(8, "little"))
-            h.update(data)
-        return h.hexdigest()
+        return corpus_fingerprint(self.documents)
 
     @property
     def num_chars(self) -> int:

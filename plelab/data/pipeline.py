@@ -20,12 +20,13 @@ import time
 from tokenizers import Tokenizer
 
 from plelab.config.schema import DataConfig, RunConfig
+from plelab.data.corpus import corpus_fingerprint
 from plelab.data.mixture import parse_mixture
 from plelab.data.pretokenized import pretokenized_data
 from plelab.data.shards import TokenStream
 from plelab.data.sources import Source, iter_documents, resolve_source
 from plelab.data.streaming import NotReady, cache_lock, ingest_source, source_identity
-from plelab.data.tokenizer import check_fits, corpus_fingerprint, hash_sample, load_tokenizer, sampled_tokenizer
+from plelab.data.tokenizer import check_fits, hash_sample, load_tokenizer, sampled_tokenizer
 from plelab.data.tokens import TokenData
 from plelab.distributed import DistInfo, all_ranks_ok
 from plelab.errors import PlelabError

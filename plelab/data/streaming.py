@@ -34,7 +34,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from plelab.data.corpus import Corpus, embedded_key
+from plelab.data.corpus import Corpus, corpus_fingerprint, embedded_key
 from plelab.data.shards import HashSet64, ShardWriter, open_split, token_dtype
 from plelab.data.sources import COMPRESSED, Source, file_kind, iter_documents, source_manifest
 from plelab.data.tokenizer import EOS
@@ -184,16 +184,6 @@ def _read_manifest(folder: Path) -> dict | None:
     return manifest if manifest.get("version") == INGEST_VERSION else None
 
 
-def streamed_fingerprint(src: Source) -> str:
-    """The corpus fingerprint of a source, re-read and re-hashed (what ``--verify`` checks)."""
-    h = hashlib.sha256()
-    for doc in iter_documents(src):
-        data = doc.encode("utf-8")
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return h.hexdigest()
-
-
 class NotReady(PlelabError):
     """``build=False`` and the cache does not hold what was asked for (``plelab ingest --check``)."""
 
@@ -218,7 +208,7 @@ def ingest_source(src: Source, tok: Tokenizer, val_fraction: float, progress: bo
     with cache_lock(f"ingest-{key}"):
         manifest = _read_manifest(folder)
         if manifest is not None and verify:
-            now = streamed_fingerprint(src)
+            now = corpus_fingerprint(iter_documents(src))
             if now != manifest["fingerprint"]:
                 if not build:
                     raise NotReady(f"--verify: {src.name} changed without changing size or mtime (sha256 {now[:12]}…, "
@@ -251,5 +241,4 @@ def prepare_tokens(corpus: Corpus, tok: Tokenizer, val_fraction: float, progress
     return ingest_source(Source(None, "corpus", corpus=corpus), tok, val_fraction, progress=progress)
 
 
-__all__ = ["BATCH_CHARS", "NotReady", "cache_lock", "ingest_key", "ingest_source", "prepare_tokens", "source_identity",
-           "streamed_fingerprint"]
+__all__ = ["BATCH_CHARS", "NotReady", "cache_lock", "ingest_key", "ingest_source", "prepare_tokens", "source_identity"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from plelab.data.corpus import Corpus
+from plelab.data.corpus import Corpus, corpus_fingerprint
 from plelab.errors import PlelabError
 from plelab.io import atomic_write, cache_dir
 
@@ -54,16 +54,6 @@ def check_fits(tok: Tokenizer, vocab_size: int) -> Tokenizer:
         raise PlelabError(f"tokenizer has {tok.get_vocab_size()} entries but model.vocab_size={vocab_size}; "
                           f"set --set model.vocab_size={tok.get_vocab_size()} or larger")
     return tok
-
-
-def corpus_fingerprint(documents: Iterable[str]) -> str:
-    """sha256 over every document's UTF-8 length and bytes, in order (what :attr:`Corpus.fingerprint` gives)."""
-    h = hashlib.sha256()
-    for doc in documents:
-        data = doc.encode("utf-8")
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return h.hexdigest()
 
 
 def hash_sample(documents: Iterable[str], max_chars: int) -> list[str]:

@@ -1,0 +1,22 @@
+"""The checks every config section validates with, and the field tags the sections share."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from plelab.config.overrides import tags
+from plelab.errors import ConfigError
+
+_RESUME, _ADVISE, _DATA = tags("resume"), tags("advise"), tags("sweep_data")
+_RESUME_ADVISE = tags("resume", "advise")
+
+
+def _require(cond: bool, key: str, value: object, allowed: str) -> None:
+    if not cond:
+        raise ConfigError(f"invalid config value {key}={value!r}: allowed {allowed}")
+
+
+def _require_choice(value: object, key: str, choices) -> None:
+    """``value`` must be one of a ``Literal`` type's choices."""
+    allowed = get_args(choices)
+    _require(value in allowed, key, value, " | ".join(allowed))
