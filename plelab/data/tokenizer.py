@@ -92,12 +92,8 @@ def sampled_tokenizer(sample: list[str], vocab_size: int, show_progress: bool = 
 
 
 def get_tokenizer(corpus: Corpus, vocab_size: int, path: str | None = None, show_progress: bool = True) -> Tokenizer:
-    """A supplied ``tokenizer.json``, else the cached BPE for (corpus, vocab size), training it once."""
+    """A supplied ``tokenizer.json``, else the cached BPE for (corpus, vocab size), training it once: the corpus
+    taken whole as its own sample (:func:`sampled_tokenizer`)."""
     if path is not None:
         return check_fits(load_tokenizer(path), vocab_size)
-    cached = cache_dir("tokenizers") / f"{corpus.fingerprint[:16]}-v{vocab_size}.json"
-    if cached.exists():
-        return check_fits(load_tokenizer(cached), vocab_size)
-    tok = train_tokenizer(corpus, vocab_size, show_progress)
-    atomic_write(cached, lambda p: tok.save(str(p)))
-    return check_fits(tok, vocab_size)
+    return sampled_tokenizer(corpus.documents, vocab_size, show_progress)
