@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     # out of plelab: HF folders and text
     "export": "plelab.integrations.export", "generate_text": "plelab.runs.generation",
     "generate": "plelab.model.generate", "KVCache": "plelab.model.generate",
+    "consolidate_checkpoint": "plelab.training.checkpoint",
 }
 # packages that register kinds of run (and their studies) when imported: loaded before any verb is returned
 _PLUGINS = ("plelab.visual",)

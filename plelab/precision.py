@@ -9,6 +9,11 @@ CPU was measured ≈ 2.2× slower than fp32). ``auto`` resolves:
   faster than fp32; fp32 otherwise. The flags decide whether to probe, the probe only confirms (timings on these
   machines vary by ±10–70%, so a probe alone never picks bf16, and ties go to fp32).
 
+The probe's verdict is kept per machine (``$PLELAB_CACHE/precision/``, keyed by CPU model and flags, thread count,
+torch version and GEMM list): a timed probe that lands near the margin would otherwise pick bf16 in one fresh
+process and fp32 in the next, and the same seed would give two loss curves on one machine (seen on an AMX Xeon
+at cpu-tiny: 6.2532797 or 6.2533469 for the first loss). Delete that folder to probe again.
+
 A run records the resolution in ``config.json`` (``train.precision`` holds the resolved value) and in
 ``summary.json`` (``precision``: requested, resolved, why); a resumed run keeps its recorded precision and never
 probes again. Studies resolve once for all their arms (:func:`study_precision`).
@@ -17,12 +22,16 @@ probes again. Studies resolve once for all their arms (:func:`study_precision`).
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
+
+from plelab.io import cache_dir, write_json
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 BF16_MARGIN = 1.25  # the probe's bf16 GEMM time must be ≤ fp32's / 1.25: the margin pays for casts and noise
@@ -121,12 +130,32 @@ def resolve_precision(requested: str, device: torch.device, gemms: Sequence[tupl
         return PrecisionChoice(requested, "fp32", f"auto: this CPU ({cpu_info()[0]}) has no bf16 matrix flags")
     if not gemms:
         return PrecisionChoice(requested, "fp32", "auto: no GEMM list to probe bf16 with")
-    fp32_s, bf16_s = (probe or probe_bf16)(gemms)
+    fp32_s, bf16_s, when = probe(gemms) + ("now",) if probe is not None else machine_probe(gemms)
     ratio = fp32_s / bf16_s if bf16_s > 0 else 0.0
     measured = (f"the model's GEMMs at {torch.get_num_threads()} thread(s): fp32 {fp32_s * 1e3:.1f} ms, bf16 "
                 f"{bf16_s * 1e3:.1f} ms ({ratio:.2f}×; bf16 needs ≥ {BF16_MARGIN}×)")
     resolved = "bf16" if ratio >= BF16_MARGIN else "fp32"
-    return PrecisionChoice(requested, resolved, f"auto: {', '.join(flags)}; {measured}")
+    return PrecisionChoice(requested, resolved, f"auto: {', '.join(flags)}; {measured}; probed {when}")
+
+
+def machine_probe(gemms: Sequence[tuple[int, int, int]]) -> tuple[float, float, str]:
+    """:func:`probe_bf16` once per machine, thread count, torch version and GEMM list; later calls read the stored
+    result, so every run of one shape on one machine resolves alike. Returns ``(fp32_s, bf16_s, when)``."""
+    key = json.dumps([cpu_model(), torch.get_num_threads(), torch.__version__, sorted(gemms)])
+    path = cache_dir("precision") / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    try:
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            return float(saved["fp32_s"]), float(saved["bf16_s"]), f"{saved['when']} (stored in {path})"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not probed yet, or unreadable: probe (again)
+    fp32_s, bf16_s = probe_bf16(gemms)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    try:
+        write_json(path, {"key": key, "fp32_s": fp32_s, "bf16_s": bf16_s, "when": when})
+    except OSError:
+        pass  # a read-only cache: this run is still resolved, the next one probes again
+    return fp32_s, bf16_s, when
 
 
 def study_precision(requested: str, device: torch.device) -> PrecisionChoice:

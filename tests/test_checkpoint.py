@@ -13,7 +13,8 @@ from plelab.cli import main
 from plelab.training.checkpoint import list_checkpoints
 
 TRAIN = ["train", "--preset", "cpu-tiny", "--steps", "45", "--no-progress",
-         "--set", "train.checkpoint_every=10", "--set", "train.keep_checkpoints=2", "--set", "train.eval_every=15"]
+         "--set", "train.checkpoint_every=10", "--set", "train.keep_checkpoints=2", "--set", "train.eval_every=15",
+         "--set", "train.precision=fp32"]  # pinned: an AMX CPU's auto may pick bf16
 
 
 def _run(out: Path, *extra: str, fault: str | None = None) -> subprocess.CompletedProcess:

@@ -373,6 +373,10 @@ CASES = {
     "advise-not-a-sweep": (lambda w: ["advise", f"{w}/a-file"], "is not a plelab sweep"),
     # eval (the table memory-mapped from the checkpoint)
     "eval-missing-run": (lambda w: ["eval", f"{w}/nowhere"], "does not exist"),
+    "consolidate-single-file-checkpoint": (lambda w: ["consolidate", f"{w}/run"], "is not a sharded checkpoint"),
+    "consolidate-not-a-folder": (lambda w: ["consolidate", f"{w}/nowhere"], "is not a folder"),
+    "consolidate-folder-without-checkpoint": (lambda w: ["consolidate", f"{w}/empty-dir"],
+                                              "holds no plelab checkpoint"),
     "eval-folder-without-checkpoint": (lambda w: ["eval", f"{w}/empty-dir"], "holds no plelab checkpoint"),
     "eval-truncated-weights": (
         lambda w: ["eval", str(_run_copy(w, "etrunc", lambda c: _truncate(c / "model.safetensors")))],

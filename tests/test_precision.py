@@ -73,7 +73,29 @@ def _trainer(tmp_path, tiny_data, *sets, resume=False):
     return make_trainer(cfg, tiny_data, tmp_path / "run", resume=resume, progress=False, log=lambda *a: None)
 
 
+def test_the_probe_runs_once_per_machine_thread_count_and_shape(monkeypatch, tmp_path):
+    """A fresh process of the same run on the same machine resolves as the last one did (no timing lottery)."""
+    monkeypatch.setenv("PLELAB_CACHE", str(tmp_path))
+    _flags(monkeypatch, ["amx_bf16"])
+    timings = iter([(1.3, 1.0), (1.2, 1.0), (1.0, 1.0)])  # at, below and far below the margin
+    calls = []
+    monkeypatch.setattr(precision, "probe_bf16", lambda g: calls.append(g) or next(timings))
+    first = resolve_precision("auto", CPU, GEMMS)
+    again = resolve_precision("auto", CPU, GEMMS)
+    assert first.resolved == again.resolved == "bf16" and len(calls) == 1
+    assert "stored in" in again.reason and "stored in" not in first.reason
+    assert resolve_precision("auto", CPU, [(128, 64, 176)]).resolved == "fp32" and len(calls) == 2  # another shape
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        resolve_precision("auto", CPU, GEMMS)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(calls) == 3  # another thread count
+
+
 def test_a_run_records_its_resolution_and_a_resume_never_probes_again(monkeypatch, tmp_path, tiny_data, capsys):
+    monkeypatch.setenv("PLELAB_CACHE", str(tmp_path / "cache"))  # the mocked probe's verdict stays in this test
     _flags(monkeypatch, ["amx_bf16"])
     seen = []
     monkeypatch.setattr(precision, "probe_bf16", lambda g: seen.append(g) or (3.0, 1.0))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -267,6 +269,30 @@ def test_emit_torchrun_and_slurm(tmp_path, capsys):
     assert "train.early_checkpoint=1" in spec.overrides  # the early verdict at a quarter of the steps
     states = {j.name: run_state(j) for j in jobs_of(root, spec)}
     assert states["dp8/seed-1"] == "done" and states["dp0/seed-0"] == "new"
+
+
+def test_emit_multi_node(tmp_path, capsys):
+    """--nodes N: a Slurm array of N-node runs, and torchrun lines whose c10d rendezvous really starts a run."""
+    root = tmp_path / "m"
+    base = ["sweep", "--preset", "cpu-tiny", "--dp", "0,8", "--seeds", "1", "--steps", "2", "--out", str(root)]
+    assert main([*base, "--nodes", "2"]) == 2
+    assert "--nodes 2 needs --emit" in capsys.readouterr().err
+    assert main([*base, "--emit", "slurm", "--nodes", "2"]) == 0
+    sbatch = (root / "sweep.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in sbatch and "#SBATCH --ntasks-per-node=1" in sbatch and "srun " in sbatch
+    assert sbatch.count("--rdzv_backend=c10d") == 2 and "--standalone" not in sbatch
+    assert subprocess.run(["bash", "-n", str(root / "sweep.sbatch")]).returncode == 0
+    assert main([*base, "--emit", "torchrun", "--nodes", "2"]) == 0
+    line = [x for x in (root / "commands.sh").read_text().splitlines() if x.startswith("torchrun")][0]
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "NNODES": "1", "NPROC": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "RDZV_ID": "test", "OMP_NUM_THREADS": "1"}
+    line = line.replace("torchrun ", f"{shlex.quote(sys.executable)} -m torch.distributed.run ", 1)
+    proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sum(run_state(j) == "done" for j in jobs_of(root, load_spec(root))) == 1
 
 
 def test_sweep_input_errors(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""``plelab export`` and ``plelab generate``: a run's model out of plelab (an HF folder), and text from it."""
+"""``plelab export``, ``generate`` and ``consolidate``: a run's model out of plelab (an HF folder), text from it, and
+the single-file weights of a sharded (FSDP2) checkpoint."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 
 from plelab.integrations.export import export
 from plelab.runs.generation import generate_text
+from plelab.training.checkpoint import consolidate_checkpoint
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -22,6 +24,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     text = generate_text(args.run, args.prompt, args.max_new_tokens, temperature=args.temperature,
                          top_k=args.top_k or None, seed=args.seed, device=args.device)
     print(args.prompt + text)
+    return 0
+
+
+def cmd_consolidate(args: argparse.Namespace) -> int:
+    out = consolidate_checkpoint(args.path)
+    print(f"wrote {out} ({out.stat().st_size / 2**20:,.1f} MiB): plelab eval, diagnose and export read it")
     return 0
 
 
@@ -43,3 +51,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--device", default="cpu", help="where the trunk runs (the table stays memory-mapped on the host)")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("consolidate", help="write model.safetensors for a sharded (FSDP2) checkpoint, so that eval, "
+                                           "diagnose and export read it")
+    p.add_argument("path", help="a run folder (its latest checkpoint) or a checkpoints/step-N folder")
+    p.set_defaults(func=cmd_consolidate)

@@ -32,7 +32,8 @@ def controls(text: str) -> list[str] | str:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     root = Path(args.out)
-    script = sweep(root, jobs=args.jobs, emit=args.emit, progress=not args.no_progress, **options_of(args))
+    script = sweep(root, jobs=args.jobs, emit=args.emit, progress=not args.no_progress, nodes=args.nodes,
+                   **options_of(args))
     if script is not None:
         print(f"wrote {script}; when the runs are done: plelab report {root}")
     elif not args.no_report:
@@ -107,6 +108,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--jobs", type=int, default=1, help="worker processes (each gets cores/jobs threads)")
     p.add_argument("--emit", choices=("torchrun", "slurm"),
                    help="write per-run torchrun lines (commands.sh) or a Slurm array (sweep.sbatch) instead of running")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="with --emit: nodes per run (torchrun's c10d rendezvous; default 1, --standalone)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 

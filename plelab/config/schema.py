@@ -181,8 +181,11 @@ class TrainConfig:
     # (plelab.precision); studies: fp32 on CPU. config.json records the resolved value.
     precision: Precision = field(default="auto", metadata=_RESUME)
     compile: bool = False
-    # Multi-process wrapping under torchrun: DDP, or FSDP2 (fully_shard) for large models.
+    # Multi-process wrapping under torchrun: DDP, or FSDP2 (fully_shard on the meta device, sharded init and
+    # sharded checkpoints) for large models.
     parallel: Parallel = "ddp"
+    # Recompute each decoder layer's activations in backward instead of keeping them (same losses, less memory).
+    activation_checkpointing: bool = False
     # CPU threads for torch; 0 means all cores of this machine (divided among local ranks).
     threads: int = 0
     tensorboard: bool = False

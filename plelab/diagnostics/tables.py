@@ -19,7 +19,7 @@ from safetensors import SafetensorError, safe_open
 from plelab.config.schema import RunConfig
 from plelab.errors import PlelabError
 from plelab.model.loading import tensor_location
-from plelab.training.checkpoint import list_checkpoints, read_state
+from plelab.training.checkpoint import list_checkpoints, model_file, read_state
 
 TABLE_SUFFIX = "embed_tokens_per_layer.weight"
 CHUNK_BYTES = 64 * 2**20
@@ -174,7 +174,7 @@ def find_table(path: str | Path, num_layers: int | None = None, dim: int | None 
             raise PlelabError(f"{' and '.join(given)} disagree with the run's own config (L="
                               f"{cfg.model.num_hidden_layers}, dP={cfg.ple.dim}); they are for a bare safetensors "
                               "table — drop them for a run or checkpoint folder")
-        file, key, shape = _find_in_safetensors(ckpt / "model.safetensors")
+        file, key, shape = _find_in_safetensors(model_file(ckpt))
         num_layers, dim = cfg.model.num_hidden_layers, cfg.ple.dim
     else:
         file, key, shape = _find_in_safetensors(p)

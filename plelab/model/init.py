@@ -3,7 +3,11 @@
 Every parameter is drawn from its own ``torch.Generator`` seeded by ``(run seed,
 parameter name)``. The trunk's initial weights are therefore bit-identical across dP
 values and gate variants for the same seed: the sweeps compare runs in pairs, and the
-diagnostics measure change since initialisation.
+diagnostics measure change since initialisation. A tensor of more than ``INIT_BLOCK`` elements
+(256 MB in fp32; only models far above CPU scale have one, e.g. ``seed-3b``'s embedding and table) is
+drawn in row blocks, each from the generator of ``(seed, "{name}/rows{b}")``, so any range of its
+rows can be drawn without the rest: a rank of a sharded (FSDP2) model draws exactly its own rows
+(:func:`init_weights` on ``DTensor`` parameters), bit-identical to the same rows of the full tensor.
 
 Init convention (HF ``PreTrainedModel._init_weights``): Linear and Embedding weights
 normal(0, ``initializer_range``), RMSNorm weights 1. The per-layer table uses
@@ -14,13 +18,20 @@ Unlike HF Gemma, no table row is a padding row: every row is trainable.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Shard
 
 from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.model.layers import RMSNorm
 from plelab.model.transformer import PLECausalLM
 from plelab.runtime import seeded_generator
+
+#: tensors with more elements are drawn in row blocks of at most this many elements
+INIT_BLOCK = 1 << 26
 
 
 def table_init_std(mc: ModelConfig, pc: PLEConfig) -> float:
@@ -49,24 +60,70 @@ def init_spec(model: PLECausalLM) -> dict[str, tuple[str, float]]:
     return spec
 
 
-def initial_normal(name: str, shape: tuple[int, ...], seed: int, std: float) -> torch.Tensor:
-    """The initial value of a normal-initialised parameter, regenerated exactly (CPU, fp32).
+def init_block_rows(shape: tuple[int, ...]) -> int:
+    """Rows per init block of a tensor of ``shape``: all of them up to ``INIT_BLOCK`` elements."""
+    rows = shape[0] if shape else 1
+    row = max(1, math.prod(shape[1:]))
+    return rows if rows * row <= INIT_BLOCK else max(1, INIT_BLOCK // row)
 
-    The diagnostics use it to recover W_0 of a table from the run's seed alone.
+
+def initial_normal(name: str, shape: tuple[int, ...], seed: int, std: float,
+                   rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """The initial value of a normal-initialised parameter, regenerated exactly (CPU, fp32): the whole
+    tensor, or only its rows ``[start, stop)`` (shape ``[stop - start, *shape[1:]]``) with ``rows``.
+
+    The diagnostics use it to recover W_0 of a table from the run's seed alone; a sharded model uses
+    ``rows`` to draw each rank's shard without the rest of the tensor.
     """
-    return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=seeded_generator(seed, name))
+    block = init_block_rows(shape)
+    n = shape[0] if shape else 1
+    start, stop = rows if rows is not None else (0, n)
+    if not 0 <= start <= stop <= n:
+        raise ValueError(f"rows {start}:{stop} outside a tensor of {n} rows")
+    if block >= n:  # one draw for the whole tensor (every model at CPU scale)
+        full = torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=seeded_generator(seed, name))
+        return full if rows is None else full[start:stop].clone()
+    parts = []
+    for b in range(start // block, -(-stop // block)):
+        lo, hi = b * block, min(n, (b + 1) * block)
+        part = torch.empty((hi - lo, *shape[1:]), dtype=torch.float32)
+        part.normal_(0.0, std, generator=seeded_generator(seed, f"{name}/rows{b}"))
+        parts.append(part[max(start, lo) - lo:min(stop, hi) - lo])
+    return torch.cat(parts) if parts else torch.empty((0, *shape[1:]))
+
+
+def shard_rows(param: DTensor) -> tuple[int, int]:
+    """The rows ``[start, stop)`` of the full tensor that this rank holds of an FSDP2 parameter (``Shard(0)`` on
+    a 1-D mesh; ``torch.chunk``'s rule: ``ceil(n / world)`` rows per rank, the last ranks short or empty)."""
+    if len(param.placements) != 1 or param.placements[0] != Shard(0):
+        raise NotImplementedError(f"sharded init supports Shard(0) on a 1-D mesh, not {param.placements}")
+    n = param.shape[0]
+    world, rank = param.device_mesh.size(), param.device_mesh.get_local_rank()
+    per = -(-n // world)
+    start, stop = min(n, rank * per), min(n, (rank + 1) * per)
+    local = param.to_local().shape
+    if local[0] != stop - start:  # another sharding rule would draw the wrong rows: fail, never guess
+        raise NotImplementedError(f"local shard of {tuple(param.shape)} has {local[0]} rows, expected "
+                                  f"{stop - start} (rows {start}:{stop})")
+    return start, stop
 
 
 @torch.no_grad()
 def init_weights(model: PLECausalLM, seed: int) -> PLECausalLM:
-    """Fill every parameter in place from its own seeded generator (values drawn on CPU in fp32)."""
+    """Fill every parameter in place from its own seeded generator (values drawn on CPU in fp32).
+
+    A ``DTensor`` parameter (FSDP2, sharded before materialisation) gets only its own rows of the full
+    tensor's values; no rank draws or holds the other rows of a blocked tensor.
+    """
     spec = init_spec(model)
     for name, param in model.named_parameters():
         kind, value = spec[name]
+        target = param.to_local() if isinstance(param, DTensor) else param
         if kind == "normal":
-            param.copy_(initial_normal(name, tuple(param.shape), seed, value))
+            rows = shard_rows(param) if isinstance(param, DTensor) else None
+            target.copy_(initial_normal(name, tuple(param.shape), seed, value, rows=rows))
         else:
-            param.fill_(value)
+            target.fill_(value)
     return model
 
 
@@ -83,18 +140,24 @@ def materialise(model: PLECausalLM, device: str | torch.device, table_device: st
 
 def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | torch.device = "cpu",
                 dtype: torch.dtype = torch.float32, table_device: str | torch.device | None = None,
-                table_sparse: bool = False) -> PLECausalLM:
+                table_sparse: bool = False, shard: Callable[[nn.Module], None] | None = None,
+                activation_checkpointing: bool = False) -> PLECausalLM:
     """Construct on the meta device (instant at any size), then materialise on ``device`` and init.
 
     ``device="meta"`` returns the uninitialised skeleton, for parameter accounting. ``table_device``
     materialises the per-layer table there instead (e.g. host memory under a GPU trunk); the table
     is never allocated on ``device``. ``table_sparse`` gives the table sparse row gradients (the row-sparse
-    optimizer's table). Values depend on neither.
+    optimizer's table). Values depend on neither. ``shard`` (e.g. FSDP2's ``fully_shard`` per unit) is applied on
+    the meta device, before anything is allocated: each rank then materialises and draws only its own shard, with
+    the values the unsharded model has (:func:`init_weights`). ``activation_checkpointing``: see
+    :class:`~plelab.model.transformer.PLETextModel`.
     """
     with torch.device("meta"):
-        model = PLECausalLM(mc, pc, table_sparse=table_sparse)
+        model = PLECausalLM(mc, pc, table_sparse=table_sparse, activation_checkpointing=activation_checkpointing)
     if str(device) == "meta":
         return model
+    if shard is not None:
+        shard(model)
     materialise(model, device, table_device if table_device is not None else device)
     model.to(dtype)
     init_weights(model, seed)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.model.layers import Attention, RMSNorm, SwiGLU, rotary_cos_sin
@@ -64,11 +65,17 @@ class DecoderLayer(nn.Module):
 
 class PLETextModel(nn.Module):
     """Embeddings, the model-level PLE pipeline (:class:`PerLayerEmbedding`, its tensors registered here
-    under HF's names) and the layer stack (HF ``model.*`` names). No state besides the parameters."""
+    under HF's names) and the layer stack (HF ``model.*`` names). No state besides the parameters.
 
-    def __init__(self, mc: ModelConfig, pc: PLEConfig, table_sparse: bool = False) -> None:
+    ``activation_checkpointing``: in a forward that records gradients, each decoder layer keeps only its input and
+    recomputes the rest during backward (``torch.utils.checkpoint``, non-reentrant): the same values and gradients,
+    about one layer's activations instead of L layers', one more forward of the stack per step."""
+
+    def __init__(self, mc: ModelConfig, pc: PLEConfig, table_sparse: bool = False,
+                 activation_checkpointing: bool = False) -> None:
         super().__init__()
         self.mc, self.pc = mc, pc
+        self.activation_checkpointing = activation_checkpointing
         H, L = mc.hidden_size, mc.num_hidden_layers
         self.embed_tokens = nn.Embedding(mc.vocab_size, H)
         embedding = None
@@ -129,8 +136,13 @@ class PLETextModel(nn.Module):
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         cos, sin = rotary_cos_sin(h.shape[1], self.mc.resolved_head_dim, self.mc.rope_theta, h.device, h.dtype,
                                   offset=past)
+        recompute = self.activation_checkpointing and torch.is_grad_enabled() and past_key_values is None
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, P[:, :, i] if P is not None else None, past_key_values, i)
+            p = P[:, :, i] if P is not None else None
+            if recompute:
+                h = checkpoint(layer, h, cos, sin, p, None, i, use_reentrant=False)
+            else:
+                h = layer(h, cos, sin, p, past_key_values, i)
         return self.norm(h)
 
 
@@ -144,10 +156,11 @@ class CausalLMOutput:
 class PLECausalLM(nn.Module):
     """Decoder-only LM with optional PLE. Build it with :func:`plelab.model.build_model`."""
 
-    def __init__(self, mc: ModelConfig, pc: PLEConfig, table_sparse: bool = False) -> None:
+    def __init__(self, mc: ModelConfig, pc: PLEConfig, table_sparse: bool = False,
+                 activation_checkpointing: bool = False) -> None:
         super().__init__()
         self.mc, self.pc = mc, pc
-        self.model = PLETextModel(mc, pc, table_sparse=table_sparse)
+        self.model = PLETextModel(mc, pc, table_sparse=table_sparse, activation_checkpointing=activation_checkpointing)
         if not mc.tie_word_embeddings:
             self.lm_head = nn.Linear(mc.hidden_size, mc.vocab_size, bias=False)
 

@@ -92,16 +92,20 @@ def dp_spec_from_args(args: object, existing: SweepSpec | None = None) -> SweepS
     return dp_spec(**options_of(args), existing=existing)
 
 
-def sweep(out: str | Path, *, jobs: int = 1, emit: str | None = None, progress: bool = True,
+def sweep(out: str | Path, *, jobs: int = 1, emit: str | None = None, progress: bool = True, nodes: int = 1,
           **options) -> Path | None:
     """Run, resume or grow the dP sweep in ``out`` that ``options`` (:func:`dp_spec`'s arguments) describe, with
     ``jobs`` worker processes; with ``emit`` (``"torchrun"`` / ``"slurm"``) write the per-run commands instead and
-    return that file. A folder that holds another sweep definition is refused (nothing written)."""
+    return that file (``nodes`` per run). A folder that holds another sweep definition is refused (nothing
+    written)."""
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    if nodes != 1 and not emit:
+        raise ConfigError(f"--nodes {nodes} needs --emit torchrun or --emit slurm: an in-process sweep runs on this "
+                          "machine only")
     root = Path(out)
     spec = merge_spec(root, dp_spec(**options, existing=load_spec(root)))
     if emit:
-        return emit_scripts(root, spec, emit)
+        return emit_scripts(root, spec, emit, nodes)
     run_sweep(root, spec, jobs=jobs, progress=progress)
     return None

@@ -9,7 +9,9 @@ Layout of ``RUN/checkpoints/step-000100/``:
 
 A checkpoint is written into a temporary folder and renamed into place, so a crash (even
 ``kill -9``) mid-write leaves the previous checkpoints untouched and no half checkpoint
-visible. Under DDP / FSDP2 the full (unsharded) state is gathered and rank 0 writes it.
+visible. Under DDP the full state is gathered and rank 0 writes it; a sharded (FSDP2) run writes a sharded
+checkpoint instead, each rank its own rows (:mod:`plelab.training.sharded_checkpoint`), which any world size
+resumes from. Loading reads either layout.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from plelab.config.schema import RunConfig
+from plelab.distributed import DistInfo, all_ranks_ok, barrier
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import write_json
+from plelab.training import sharded_checkpoint as sharded
 
 FORMAT = "plelab-checkpoint-v1"
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
@@ -64,17 +68,47 @@ def gather_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[di
             {k: v.detach().contiguous() for k, v in flat.items()})
 
 
+def _fresh_tmp(root: Path, final: str, tag: str | None = None) -> Path:
+    """A new temporary folder ``{final}.tmp-{tag}`` in ``root`` (random tag when None), after removing what a crash
+    mid-write left there."""
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob("*.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    if tag is None:
+        return Path(tempfile.mkdtemp(prefix=f"{final}.tmp-", dir=root))
+    tmp = root / f"{final}.tmp-{tag}"
+    tmp.mkdir()
+    return tmp
+
+
+def _write_failed(run_dir: Path, root: Path, final: Path, tmp: Path, why: str) -> PlelabError:
+    shutil.rmtree(tmp, ignore_errors=True)
+    kept = [p.name for p in list_checkpoints(run_dir)]
+    then = (f"the previous checkpoint {kept[-1]} is intact — free space and continue with --resume" if kept
+            else "no earlier checkpoint exists — free space and start the run again")
+    return PlelabError(f"cannot write checkpoint {final.name} in {root}: {why}; {then}")
+
+
+def _publish(run_dir: Path, tmp: Path, final: Path, keep: int, protect: int) -> Path:
+    """Rename the finished ``tmp`` to ``final``, then delete all but the newest ``keep`` (never ``step-{protect}``)."""
+    if final.exists():  # a re-save of the same step (resume that ended exactly here)
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for old in [p for p in list_checkpoints(run_dir) if p.name != f"step-{protect:06d}"][:-keep]:
+        trash = old.with_name(old.name + ".tmp-old")
+        old.rename(trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    return final
+
+
 def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: dict, state: dict,
                     keep: int, extra_tensors: dict | None = None, diagnostics: dict | None = None,
                     protect: int = 0) -> Path:
     """Write ``step-{step}`` atomically, then delete all but the newest ``keep`` checkpoints
     (``step-{protect}`` is never deleted: the early checkpoint of ``train.early_checkpoint``)."""
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob("*.tmp-*"):  # left by a crash mid-write
-        shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step-{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=root))
+    tmp = _fresh_tmp(root, final.name)
     rng = {"rng.torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["rng.cuda"] = torch.cuda.get_rng_state()
@@ -87,20 +121,76 @@ def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: 
             write_json(tmp / "diagnostics.json", diagnostics)
         write_json(tmp / "state.json", {"format": FORMAT, "step": step, **state})
     except (OSError, SafetensorError) as err:  # e.g. no space left on device: the half checkpoint goes
-        shutil.rmtree(tmp, ignore_errors=True)
-        kept = [p.name for p in list_checkpoints(run_dir)]
         why = getattr(err, "strerror", None) or (str(err).splitlines() or [repr(err)])[0]
-        then = (f"the previous checkpoint {kept[-1]} is intact — free space and continue with --resume" if kept
-                else "no earlier checkpoint exists — free space and start the run again")
-        raise PlelabError(f"cannot write checkpoint {final.name} in {root}: {why}; {then}") from None
-    if final.exists():  # a re-save of the same step (resume that ended exactly here)
-        shutil.rmtree(final)
-    tmp.rename(final)
-    for old in [p for p in list_checkpoints(run_dir) if p.name != f"step-{protect:06d}"][:-keep]:
-        trash = old.with_name(old.name + ".tmp-old")
-        old.rename(trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        raise _write_failed(run_dir, root, final, tmp, why) from None
+    return _publish(run_dir, tmp, final, keep, protect)
+
+
+def save_sharded_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                            state: dict, keep: int, info: DistInfo, extra_tensors: dict | None = None,
+                            diagnostics: dict | None = None, protect: int = 0) -> Path:
+    """The sharded counterpart of :func:`save_checkpoint` for an FSDP2 model: collective (every rank calls it with
+    the same ``state``; ``extra_tensors`` and ``diagnostics`` matter on rank 0). Rank 0 makes
+    ``step-N.tmp-sharded``, every rank writes its shards into it, rank 0 renames it into place."""
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step-{step:06d}"
+    tmp = root / f"{final.name}.tmp-{sharded.SHARDED}"
+    why = ""
+    if info.is_main:
+        try:
+            _fresh_tmp(root, final.name, sharded.SHARDED)
+        except OSError as err:
+            why = err.strerror or str(err)
+    if not all_ranks_ok(not why, info):
+        raise _write_failed(run_dir, root, final, tmp, why or "rank 0 could not create its folder")
+    try:
+        sharded.save_sharded(tmp, step, model, opt, state, extra_tensors or {}, diagnostics, info, FORMAT)
+    except PlelabError as err:
+        if info.is_main:
+            raise _write_failed(run_dir, root, final, tmp, str(err)) from None
+        raise
+    if info.is_main:
+        _publish(run_dir, tmp, final, keep, protect)
+    barrier(info)
     return final
+
+
+def latest_intact(run_dir: Path, log=print) -> Path | None:
+    """The newest checkpoint to resume from. A sharded checkpoint found torn (a rank's file missing, short or
+    unreadable — e.g. a copy of the run folder that stopped halfway) is passed over, saying so, for the one before.
+    A damaged single-file checkpoint is reported when it is loaded."""
+    found = list_checkpoints(run_dir)
+    for ckpt in reversed(found):
+        reason = sharded.torn_reason(ckpt) if sharded.is_sharded(ckpt) else None
+        if reason is None:
+            return ckpt
+        log(f"checkpoint {ckpt.name} is torn ({reason}): resuming from the one before it")
+    if found:
+        raise PlelabError(f"every checkpoint of {run_dir} is torn; start the run again with another --out")
+    return None
+
+
+def model_file(ckpt: Path) -> Path:
+    """``model.safetensors`` of a checkpoint folder; a sharded one must be consolidated first (one line saying how)."""
+    file = Path(ckpt) / "model.safetensors"
+    if not file.exists() and sharded.is_sharded(ckpt):
+        raise PlelabError(f"{ckpt} is a sharded checkpoint (an FSDP2 run): write its model.safetensors with "
+                          f"`plelab consolidate {ckpt}` first")
+    return file
+
+
+def consolidate_checkpoint(path: str | Path, log=print) -> Path:
+    """Write the single-file ``model.safetensors`` of a sharded checkpoint (``path``: a run folder, meaning its
+    latest intact checkpoint, or a ``checkpoints/step-N`` folder), so that ``plelab eval``, ``diagnose`` and
+    ``export`` read it. One process; it holds the full weights in host memory once. Returns the file written."""
+    path = Path(path)
+    if not path.is_dir():
+        raise PlelabError(f"{path} is not a folder; give a run folder or one of its checkpoints/step-N folders")
+    ckpt = path if (path / "state.json").exists() else latest_intact(path, log)
+    if ckpt is None:
+        raise PlelabError(f"{path} holds no plelab checkpoint; give a run folder written by plelab train or one of "
+                          "its checkpoints/step-N folders")
+    return sharded.consolidate_folder(ckpt)
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -134,7 +224,11 @@ def read_state(ckpt: Path, for_resume: bool = True) -> dict:
 
 
 def load_model_weights(model: torch.nn.Module, ckpt: Path) -> None:
-    """Load ``model.safetensors`` into ``model`` (plain, DDP-wrapped or FSDP2-sharded), checking names and shapes."""
+    """Load ``model.safetensors`` into ``model`` (plain, DDP-wrapped or FSDP2-sharded), checking names and shapes;
+    a sharded checkpoint is read by the ranks in parallel, resharded to this run's world size."""
+    if sharded.is_sharded(ckpt):
+        sharded.load_sharded_weights(model, ckpt)
+        return
     tensors = _load_tensors(Path(ckpt) / "model.safetensors")
     expected = {name: p for name, p in model.named_parameters()}
     missing = sorted(set(expected) - set(tensors))
@@ -151,6 +245,8 @@ def load_model_weights(model: torch.nn.Module, ckpt: Path) -> None:
 
 def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path) -> dict:
     """Restore AdamW moments and step counts, and the RNG states. Returns the other (extra) tensors."""
+    if sharded.is_sharded(ckpt):
+        return sharded.load_sharded_optimizer(model, opt, ckpt)
     tensors = _load_tensors(Path(ckpt) / "optimizer.safetensors")
     osd = get_optimizer_state_dict(model, opt, options=_FULL_ALL_RANKS)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}

@@ -21,7 +21,7 @@ from plelab.model.init import materialise
 from plelab.model.loading import mmap_tensor
 from plelab.model.ple import TABLE_KEY
 from plelab.model.transformer import PLECausalLM
-from plelab.training.checkpoint import list_checkpoints, read_state
+from plelab.training.checkpoint import list_checkpoints, model_file, read_state
 
 
 def checkpoint_of(path: str | Path) -> Path:
@@ -32,10 +32,14 @@ def checkpoint_of(path: str | Path) -> Path:
                           "checkpoints/step-N folders")
     if (path / "model.safetensors").exists():
         return path
+    if (path / "state.json").exists():
+        model_file(path)  # a sharded checkpoint not consolidated yet: one line saying how
+        return path
     found = list_checkpoints(path)
     if not found:
         raise PlelabError(f"{path} holds no plelab checkpoint; give a run folder written by plelab train "
                           "or one of its checkpoints/step-N folders")
+    model_file(found[-1])
     return found[-1]
 
 
@@ -63,7 +67,7 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu",
     with torch.device("meta"):
         model = PLECausalLM(cfg.model, cfg.ple)
     tm = model.model
-    file = ckpt / "model.safetensors"
+    file = model_file(ckpt)
     mapped = mmap_table and cfg.ple.enabled
     materialise(model, device, None if mapped else device)
     table = tm.embed_tokens_per_layer if mapped else None

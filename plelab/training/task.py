@@ -74,7 +74,10 @@ class Task:
         """Called once by the trainer before anything else: the device, process group and micro-batch."""
         self.env = env
 
-    def build_model(self, table_device: str | None, table_sparse: bool) -> nn.Module:
+    def build_model(self, table_device: str | None, table_sparse: bool,
+                    shard: Callable[[nn.Module], None] | None = None) -> nn.Module:
+        """The run's model, initialised. ``shard`` (FSDP2 under torchrun) is applied on the meta device before
+        materialisation (``plelab.model.init.build_model``); a task that cannot shard must refuse it."""
         raise NotImplementedError
 
     def language_model(self, model: nn.Module) -> nn.Module:

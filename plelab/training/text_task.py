@@ -44,10 +44,12 @@ class TextTask(Task):
         if self.table_rows and self.cfg.ple.ids == "iid":
             self.iid = IIDTableIds(torch.from_numpy(self.data.train_counts(self.table_rows)).to(env.device))
 
-    def build_model(self, table_device: str | None, table_sparse: bool) -> nn.Module:
+    def build_model(self, table_device: str | None, table_sparse: bool,
+                    shard: Callable[[nn.Module], None] | None = None) -> nn.Module:
         c = self.cfg
         return build_model(c.model, c.ple, seed=c.seed, device=self.env.device, table_device=table_device,
-                           table_sparse=table_sparse)
+                           table_sparse=table_sparse, shard=shard,
+                           activation_checkpointing=c.train.activation_checkpointing)
 
     def param_groups(self, model: nn.Module) -> list[dict]:
         return optimizer_groups(model, self.cfg.train)

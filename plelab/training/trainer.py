@@ -38,7 +38,7 @@ from plelab.training import sparse
 from plelab.training.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
 from plelab.training.nonfinite import describe_nonfinite, stop_message
 from plelab.training.optim import adamw, lr_multiplier, set_lr
-from plelab.training.parallel import wrap_model
+from plelab.training.parallel import fsdp_sharder, wrap_model
 from plelab.training.rows import RowCounter
 from plelab.training.run_precision import legacy_precision, run_precision, with_precision
 from plelab.training.task import Batch, Observer, RunEnv, Task
@@ -83,12 +83,14 @@ class Trainer:
         self.env = RunEnv(self.device, self.dist, self.micro_batch, self.precision.bf16)
         task.bind(self.env)
         table_sparse = sparse.table_is_sparse(cfg, self.dist.enabled)
-        self.model = task.build_model("cpu" if tc.table_device == "cpu" else None, table_sparse)
+        self.sharded = self.dist.enabled and tc.parallel == "fsdp"
+        shard = fsdp_sharder(self.env.bf16) if self.sharded else None
+        self.model = task.build_model("cpu" if tc.table_device == "cpu" else None, table_sparse, shard)
         self.lm = task.language_model(self.model)
         self.sparse_table = self.lm.model.embed_tokens_per_layer.weight if table_sparse else None
         self.rows = {name: RowCounter(n, self.device) for name, (n, _) in task.row_tables.items()}
         table_apart = self.sparse_table is not None or (cfg.ple.enabled and tc.table_device == "cpu")
-        self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device, self.env.bf16,
+        self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device,
                                   ignore=[TABLE_KEY] if table_apart else [])
         self.opt = adamw(task.param_groups(self.model))
         self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
@@ -125,8 +127,7 @@ class Trainer:
         if held and not resume:
             raise PlelabError(f"{run} already holds a run ({held[0]}); pass --resume to continue it, "
                               "or choose another --out")
-        found = ckpt.list_checkpoints(run) if resume else []
-        latest = found[-1] if found else None
+        latest = ckpt.latest_intact(run, self.log) if resume else None
         state = ckpt.read_state(latest) if latest is not None else None
         if state is not None:
             train = state["config"].get("train", {})
@@ -180,7 +181,10 @@ class Trainer:
         return {name: c.counts for name, c in self.rows.items()}
 
     def save_checkpoint(self) -> None:
-        model_t, opt_t = ckpt.gather_state(self.model, self.opt)  # collective: every rank calls it
+        """A checkpoint of this step: gathered and written by rank 0, or, for a sharded (FSDP2) run, written by every
+        rank, its own rows (collective either way: every rank calls it)."""
+        if not self.sharded:
+            model_t, opt_t = ckpt.gather_state(self.model, self.opt)
         extra = self.task.checkpoint_tensors()
         counts = {name: sum_across_ranks(c.counts, self.dist).cpu() for name, c in self.rows.items()}
         for name, (_, key) in self.task.row_tables.items():
@@ -189,14 +193,19 @@ class Trainer:
         if self.dist.is_main:
             for observer in self.observers:
                 diagnostics = observer.on_checkpoint(self.step, counts, self.table_alpha) or diagnostics
-            ckpt.save_checkpoint(self.run_dir, self.step, model_t, opt_t, {
-                "tokens_seen": self.tokens_seen, "val_history": self.val_history, "config": self.cfg.to_dict(),
-                "recent_train_losses": self.recent_losses, "table_decay_alpha": self.table_alpha,
-                "skipped_steps": self.skipped_steps,
-                "wall_seconds": self.wall_before + self._elapsed(), "corpus_fingerprint": self.data_fingerprint,
-                "world_size": self.dist.world_size, "extra": self.task.checkpoint_state()},
-                keep=self.cfg.train.keep_checkpoints, extra_tensors=extra,
-                diagnostics=diagnostics, protect=self.cfg.train.early_checkpoint)
+        state = {
+            "tokens_seen": self.tokens_seen, "val_history": self.val_history, "config": self.cfg.to_dict(),
+            "recent_train_losses": self.recent_losses, "table_decay_alpha": self.table_alpha,
+            "skipped_steps": self.skipped_steps,
+            "wall_seconds": self.wall_before + self._elapsed(), "corpus_fingerprint": self.data_fingerprint,
+            "world_size": self.dist.world_size, "extra": self.task.checkpoint_state()}
+        options = {"keep": self.cfg.train.keep_checkpoints, "extra_tensors": extra, "diagnostics": diagnostics,
+                   "protect": self.cfg.train.early_checkpoint}
+        if self.sharded:
+            ckpt.save_sharded_checkpoint(self.run_dir, self.step, self.model, self.opt, state, info=self.dist,
+                                         **options)
+        elif self.dist.is_main:
+            ckpt.save_checkpoint(self.run_dir, self.step, model_t, opt_t, state, **options)
         barrier(self.dist)
 
     # ---- steps -------------------------------------------------------------------------------

@@ -113,12 +113,12 @@ class VisualPLEModel(nn.Module):
 
 def build_visual_model(mc, pc, feature_dim: int, num_patches: int, num_ids: int, seed: int = 0,
                        device: str | torch.device = "cpu", use_features: bool = True, injection: str = "per-layer",
-                       visual_head: bool = False) -> VisualPLEModel:
+                       visual_head: bool = False, activation_checkpointing: bool = False) -> VisualPLEModel:
     """The LM exactly as :func:`plelab.model.build_model` builds it for ``seed`` (so the trunk and the
     text table are identical across visual arms), plus the projector and the visual table, each drawn
-    from its own name-seeded generator."""
-    model = VisualPLEModel(build_model(mc, pc, seed=seed, device=device), feature_dim, num_patches, num_ids,
-                           use_features, injection, visual_head)
+    from its own name-seeded generator. ``activation_checkpointing`` recomputes the LM's layers in backward."""
+    lm = build_model(mc, pc, seed=seed, device=device, activation_checkpointing=activation_checkpointing)
+    model = VisualPLEModel(lm, feature_dim, num_patches, num_ids, use_features, injection, visual_head)
     with torch.no_grad():
         if use_features:
             model.projector.weight.copy_(initial_normal(PROJECTOR, tuple(model.projector.weight.shape), seed,

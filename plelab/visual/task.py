@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from plelab.config.schema import QUANTIZER_IDS, RunConfig
+from plelab.errors import PlelabError
 from plelab.model.ple import token_table_ids
 from plelab.runtime import seeded_generator
 from plelab.training.optim import adamw_group, optimizer_groups, table_lr
@@ -74,12 +75,16 @@ class VisualTask(Task):
         """The run's quantizer (online: the one training; frozen: the pretrained one), or None."""
         return self.qt.quantizer if self.qt is not None else self.data.quantizer
 
-    def build_model(self, table_device: str | None, table_sparse: bool) -> nn.Module:
+    def build_model(self, table_device: str | None, table_sparse: bool,
+                    shard: Callable[[nn.Module], None] | None = None) -> nn.Module:
+        if shard is not None:
+            raise PlelabError("a visual run is single-process: it cannot be sharded (train.parallel=fsdp)")
         v, c = self.cfg.visual, self.cfg
         k = v.k if v.ids != "none" else 0
         return build_visual_model(c.model, c.ple, self.data.feature_dim, self.data.num_patches, k, c.seed,
                                   self.env.device, use_features=v.features,
-                                  injection=v.injection if v.table else "none", visual_head=v.loss_weight > 0)
+                                  injection=v.injection if v.table else "none", visual_head=v.loss_weight > 0,
+                                  activation_checkpointing=c.train.activation_checkpointing)
 
     def language_model(self, model: nn.Module) -> nn.Module:
         return model.lm

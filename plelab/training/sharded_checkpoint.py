@@ -1,0 +1,192 @@
+"""Sharded checkpoints of FSDP2 runs: every rank writes its own rows, a resume reshards to any world size.
+
+Layout of ``RUN/checkpoints/step-000100/`` when the run was sharded (``train.parallel=fsdp`` under torchrun):
+
+- ``sharded/model/shard-0000{r}-model-00001-of-00001.safetensors``: rank r's rows of every weight (HF names), with
+  their offsets in the full tensor in the file's metadata;
+- ``sharded/optim/shard-….safetensors``: rank r's rows of ``{name}.exp_avg`` and ``{name}.exp_avg_sq``;
+- ``extra.safetensors`` (rank 0): ``{name}.step``, ``rng.torch_cpu``, the row counts and the task's tensors;
+- ``state.json``: what every checkpoint holds, plus ``storage: "sharded"``, the world size and a manifest of every
+  file with its size (how a torn checkpoint is recognised).
+
+Written and read through ``torch.distributed.checkpoint`` (DCP) with its safetensors storage
+(``HuggingFaceStorageWriter/Reader``): DCP plans which rank reads which saved rows, so a checkpoint written by 2
+processes resumes on 3 or on 1 (resharding), and the safetensors storage keeps its index in the files' own headers
+— DCP's default storage keeps it in a pickle (``.metadata``), which plelab never reads. The folder is assembled
+under ``step-N.tmp-sharded`` on the run's (shared) filesystem and renamed by rank 0 once every rank has written,
+like a single-file checkpoint. :func:`consolidate_folder` writes the single-file ``model.safetensors`` that
+``plelab eval``, ``diagnose`` and ``export`` read.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from plelab.distributed import DistInfo, all_ranks_ok
+from plelab.errors import PlelabError
+from plelab.faults import maybe_fault
+from plelab.io import write_json
+
+SHARDED = "sharded"
+_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def is_sharded(ckpt: Path) -> bool:
+    """True for a checkpoint folder written by :func:`save_sharded`."""
+    return (Path(ckpt) / SHARDED).is_dir()
+
+
+def _manifest(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()
+            and p.name != "state.json"}
+
+
+def save_sharded(tmp: Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict,
+                 extra_tensors: dict, diagnostics: dict | None, info: DistInfo, fmt: str) -> None:
+    """Every rank writes its shards into ``tmp`` (made by rank 0 beforehand); then rank 0 writes
+    ``extra.safetensors``, ``diagnostics.json`` and ``state.json`` with the manifest. Collective: every rank calls
+    it. Raises :class:`PlelabError` on every rank when any rank could not write (``tmp`` is left for the caller)."""
+    msd = {k: v for k, v in get_model_state_dict(model).items()}
+    osd = get_optimizer_state_dict(model, opt)
+    moments = {f"{name}.{k}": st[k] for name, st in osd["state"].items() for k in _MOMENTS if k in st}
+    steps = {f"{name}.step": torch.as_tensor(st["step"]).detach().cpu().reshape(())
+             for name, st in osd["state"].items() if "step" in st}
+    why = ""
+    try:
+        dcp.save(msd, storage_writer=HuggingFaceStorageWriter(str(tmp / SHARDED / "model"), save_distributed=True))
+        maybe_fault("mid_checkpoint", step)
+        dcp.save(moments, storage_writer=HuggingFaceStorageWriter(str(tmp / SHARDED / "optim"),
+                                                                  save_distributed=True))
+    except (OSError, CheckpointException) as err:
+        why = f"rank {info.rank}: {str(err).splitlines()[0] if str(err) else repr(err)}"
+    if not all_ranks_ok(not why, info):
+        raise PlelabError(why or "another rank could not write its shards")
+    if info.is_main:
+        try:
+            rng = {"rng.torch_cpu": torch.get_rng_state()}
+            save_file({**steps, **rng, **extra_tensors}, str(tmp / "extra.safetensors"), metadata={"format": fmt})
+            if diagnostics is not None:
+                write_json(tmp / "diagnostics.json", diagnostics)
+            write_json(tmp / "state.json", {"format": fmt, "step": step, **state, "storage": SHARDED,
+                                            "files": _manifest(tmp)})
+        except (OSError, SafetensorError) as err:
+            why = getattr(err, "strerror", None) or str(err).splitlines()[0]
+    if not all_ranks_ok(not why, info):
+        raise PlelabError(why or "rank 0 could not write the checkpoint's state")
+
+
+def torn_reason(ckpt: Path) -> str | None:
+    """Why the sharded checkpoint ``ckpt`` is incomplete (a file missing, short, extra or unreadable), or None."""
+    try:
+        files = json.loads((ckpt / "state.json").read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its state.json or manifest is missing or unreadable"
+    held = _manifest(ckpt)
+    for name, size in files.items():
+        if name not in held:
+            return f"{name} is missing"
+        if held[name] != size:
+            return f"{name} has {held[name]} bytes, {size} were written"
+    extra = sorted(set(held) - set(files) - {"model.safetensors", "model.safetensors.tmp"})  # consolidation's
+    if extra:
+        return f"{extra[0]} was not written with it"
+    for name in files:
+        if name.endswith(".safetensors"):
+            try:
+                with safe_open(str(ckpt / name), framework="pt"):
+                    pass
+            except (SafetensorError, OSError) as err:
+                return f"{name} is unreadable ({str(err).splitlines()[0]})"
+    return None
+
+
+def _dcp_load(state: dict, folder: Path) -> None:
+    """``dcp.load`` from a safetensors-storage folder, in place; in one process without DCP's warning that it is."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)))
+
+
+def _saved_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    meta = HuggingFaceStorageReader(str(folder)).read_metadata()
+    return {k: tuple(v.size) for k, v in meta.state_dict_metadata.items()}
+
+
+def _check_fits(ckpt: Path, saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]]) -> None:
+    missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    if missing or extra:
+        what = f"missing {missing[0]}" if missing else f"unexpected {extra[0]}"
+        raise PlelabError(f"checkpoint {ckpt} does not fit this model ({what}); it was trained with another config")
+    for name, shape in expected.items():
+        if saved[name] != shape:
+            raise PlelabError(f"checkpoint {ckpt} does not fit this model: {name} has shape {saved[name]}, "
+                              f"the model expects {shape} (another config)")
+
+
+def load_sharded_weights(model: torch.nn.Module, ckpt: Path) -> None:
+    """Load a sharded checkpoint's weights into ``model`` (FSDP2 at any world size, DDP or one process): each rank
+    reads only the saved rows its own shard needs."""
+    sd = get_model_state_dict(model)
+    _check_fits(ckpt, _saved_shapes(ckpt / SHARDED / "model"), {k: tuple(v.shape) for k, v in sd.items()})
+    _dcp_load(sd, ckpt / SHARDED / "model")
+    set_model_state_dict(model, sd)
+
+
+def load_sharded_optimizer(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path) -> dict:
+    """Restore the AdamW moments (resharded), step counts and the RNG state; returns the other extra tensors."""
+    extra = load_file(str(ckpt / "extra.safetensors"))
+    params = dict(model.named_parameters())
+    groups = get_optimizer_state_dict(model, opt)["param_groups"]
+    names = [n for group in groups for n in group["params"]]
+    saved = _saved_shapes(ckpt / SHARDED / "optim")
+    held = [n for n in names if f"{n}.exp_avg" in saved]
+    _check_fits(ckpt, saved, {f"{n}.{k}": tuple(params[n].shape) for n in held for k in _MOMENTS})
+    target = {f"{n}.{k}": torch.zeros_like(params[n]) for n in held for k in _MOMENTS}
+    _dcp_load(target, ckpt / SHARDED / "optim")
+    missing = [n for n in held if f"{n}.step" not in extra]
+    if missing:
+        raise PlelabError(f"optimizer state for {missing[0]} in {ckpt} is incomplete; the checkpoint is damaged")
+    state = {n: {"step": extra[f"{n}.step"], **{k: target[f"{n}.{k}"] for k in _MOMENTS}} for n in held}
+    set_optimizer_state_dict(model, opt, {"state": state, "param_groups": groups})
+    torch.set_rng_state(extra["rng.torch_cpu"])
+    return {k: v for k, v in extra.items() if not k.endswith(".step") and not k.startswith("rng.")}
+
+
+def consolidate_folder(ckpt: Path) -> Path:
+    """Write ``model.safetensors`` (the full weights, HF names) into a sharded checkpoint folder, in one process;
+    the weights are read whole (host memory: the model's size). Returns the file; a second call rewrites it."""
+    ckpt = Path(ckpt)
+    if not is_sharded(ckpt):
+        raise PlelabError(f"{ckpt} is not a sharded checkpoint (no {SHARDED}/ folder); only checkpoints of "
+                          "train.parallel=fsdp runs under torchrun need consolidating")
+    reason = torn_reason(ckpt)
+    if reason is not None:
+        raise PlelabError(f"checkpoint {ckpt} is torn: {reason}; consolidate an earlier one")
+    folder = ckpt / SHARDED / "model"
+    meta = HuggingFaceStorageReader(str(folder)).read_metadata().state_dict_metadata
+    sd = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in meta.items()}
+    _dcp_load(sd, folder)
+    fmt = json.loads((ckpt / "state.json").read_text())["format"]
+    out, tmp = ckpt / "model.safetensors", ckpt / "model.safetensors.tmp"
+    try:
+        save_file(sd, str(tmp), metadata={"format": fmt})
+        tmp.replace(out)
+    except (OSError, SafetensorError) as err:
+        tmp.unlink(missing_ok=True)
+        raise PlelabError(f"cannot write {out}: {getattr(err, 'strerror', None) or err}") from None
+    return out
