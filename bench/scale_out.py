@@ -3,8 +3,8 @@
 ``init``: resident-memory growth of one process while it builds ``--preset`` (peak RSS after minus before, from
 ``getrusage``): unsharded in one process, then sharded by FSDP2 on the meta device at each ``--world`` (gloo,
 through torchrun; each rank reports its own). ``ac``: one forward + backward of ``--preset`` with and without
-``train.activation_checkpointing``, side by side in one process: the bytes autograd keeps from the forward to the backward
-(``saved_tensors_hooks``, exact) and the step time ratio over ``--repeats`` interleaved repeats.
+``train.activation_checkpointing``, side by side in one process: the bytes autograd keeps from the forward to the
+backward (``saved_tensors_hooks``, exact) and the step time ratio over ``--repeats`` interleaved repeats.
 
     python bench/scale_out.py init --preset gpu-125m --dp 64 --world 2,3
     python bench/scale_out.py ac --preset cpu-small --dp 64 --repeats 6
@@ -98,8 +98,8 @@ def ac_bench(args) -> None:
             times[flag].append(time.perf_counter() - t0)
     print(f"{args.preset} dP={args.dp}, micro-batch {ids.shape[0]}×{cfg.train.seq_len}, {args.threads or 'all'} "
           f"thread(s); {machine()}")
-    print(f"- kept from forward to backward: {saved[False] / 2**20:,.1f} MiB without, {saved[True] / 2**20:,.1f} MiB with "
-          f"activation checkpointing ({saved[False] / max(saved[True], 1):.1f}× less)")
+    print(f"- kept from forward to backward: {saved[False] / 2**20:,.1f} MiB without, "
+          f"{saved[True] / 2**20:,.1f} MiB with activation checkpointing ({saved[False] / max(saved[True], 1):.1f}× less)")
     ratio = [a / b for a, b in zip(times[True], times[False])]
     print(f"- step time with ÷ without: {fmt_ci(ratio, 1, 3, '×')} ({args.repeats} interleaved repeats)")
 
