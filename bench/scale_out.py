@@ -99,7 +99,8 @@ def ac_bench(args) -> None:
     print(f"{args.preset} dP={args.dp}, micro-batch {ids.shape[0]}×{cfg.train.seq_len}, {args.threads or 'all'} "
           f"thread(s); {machine()}")
     print(f"- kept from forward to backward: {saved[False] / 2**20:,.1f} MiB without, "
-          f"{saved[True] / 2**20:,.1f} MiB with activation checkpointing ({saved[False] / max(saved[True], 1):.1f}× less)")
+          f"{saved[True] / 2**20:,.1f} MiB with activation checkpointing "
+          f"({saved[False] / max(saved[True], 1):.1f}× less)")
     ratio = [a / b for a, b in zip(times[True], times[False])]
     print(f"- step time with ÷ without: {fmt_ci(ratio, 1, 3, '×')} ({args.repeats} interleaved repeats)")
 
