@@ -148,7 +148,7 @@ def test_ddp_leaves_the_row_sparse_table_to_the_trainer(tmp_path):
     assert name in dict(model.named_parameters())  # the name the trainer passes
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
-        wrapped = wrap_model(model, "ddp", DistInfo(world_size=2), torch.device("cpu"), False, ignore=[name])
+        wrapped = wrap_model(model, "ddp", DistInfo(world_size=2), torch.device("cpu"), ignore=[name])
         assert name in wrapped.parameters_to_ignore
         table = model.model.embed_tokens_per_layer.weight
         assert all(p is not table for p in wrapped._module_parameters)
@@ -167,7 +167,7 @@ def test_the_trainer_keeps_a_sparse_or_host_side_table_out_of_ddp(sets, ignored,
 
     seen = {}
 
-    def spy(model, mode, info, device, bf16, ignore=()):
+    def spy(model, mode, info, device, ignore=()):
         seen["ignore"] = list(ignore)
         return model
 
