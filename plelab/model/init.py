@@ -68,12 +68,13 @@ def init_block_rows(shape: tuple[int, ...]) -> int:
 
 
 def initial_normal(name: str, shape: tuple[int, ...], seed: int, std: float,
-                   rows: tuple[int, int] | None = None) -> torch.Tensor:
+                   rows: tuple[int, int] | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The initial value of a normal-initialised parameter, regenerated exactly (CPU, fp32): the whole
-    tensor, or only its rows ``[start, stop)`` (shape ``[stop - start, *shape[1:]]``) with ``rows``.
+    tensor, or only its rows ``[start, stop)`` (shape ``[stop - start, *shape[1:]]``) with ``rows``;
+    written into ``out`` (that shape, any dtype or device) when given, one row block at a time.
 
     The diagnostics use it to recover W_0 of a table from the run's seed alone; a sharded model uses
-    ``rows`` to draw each rank's shard without the rest of the tensor.
+    ``rows`` and ``out`` to fill each rank's shard holding no more than one block besides it.
     """
     block = init_block_rows(shape)
     n = shape[0] if shape else 1
@@ -82,14 +83,17 @@ def initial_normal(name: str, shape: tuple[int, ...], seed: int, std: float,
         raise ValueError(f"rows {start}:{stop} outside a tensor of {n} rows")
     if block >= n:  # one draw for the whole tensor (every model at CPU scale)
         full = torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=seeded_generator(seed, name))
-        return full if rows is None else full[start:stop].clone()
-    parts = []
+        part = full if rows is None else full[start:stop]
+        return out.copy_(part) if out is not None else part if rows is None else part.clone()
+    if out is None:
+        out = torch.empty((stop - start, *shape[1:]), dtype=torch.float32)
     for b in range(start // block, -(-stop // block)):
         lo, hi = b * block, min(n, (b + 1) * block)
-        part = torch.empty((hi - lo, *shape[1:]), dtype=torch.float32)
-        part.normal_(0.0, std, generator=seeded_generator(seed, f"{name}/rows{b}"))
-        parts.append(part[max(start, lo) - lo:min(stop, hi) - lo])
-    return torch.cat(parts) if parts else torch.empty((0, *shape[1:]))
+        drawn = torch.empty((hi - lo, *shape[1:]), dtype=torch.float32)
+        drawn.normal_(0.0, std, generator=seeded_generator(seed, f"{name}/rows{b}"))
+        a, z = max(start, lo), min(stop, hi)
+        out[a - start:z - start].copy_(drawn[a - lo:z - lo])
+    return out
 
 
 def shard_rows(param: DTensor) -> tuple[int, int]:
@@ -121,7 +125,7 @@ def init_weights(model: PLECausalLM, seed: int) -> PLECausalLM:
         target = param.to_local() if isinstance(param, DTensor) else param
         if kind == "normal":
             rows = shard_rows(param) if isinstance(param, DTensor) else None
-            target.copy_(initial_normal(name, tuple(param.shape), seed, value, rows=rows))
+            initial_normal(name, tuple(param.shape), seed, value, rows=rows, out=target)
         else:
             target.fill_(value)
     return model

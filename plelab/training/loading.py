@@ -32,9 +32,7 @@ def checkpoint_of(path: str | Path) -> Path:
                           "checkpoints/step-N folders")
     if (path / "model.safetensors").exists():
         return path
-    if (path / "state.json").exists():
-        model_file(path)  # a sharded checkpoint not consolidated yet: one line saying how
-        return path
+    model_file(path)  # a sharded checkpoint not consolidated yet: one line saying how
     found = list_checkpoints(path)
     if not found:
         raise PlelabError(f"{path} holds no plelab checkpoint; give a run folder written by plelab train "

@@ -61,7 +61,7 @@ def save_sharded(tmp: Path, step: int, model: torch.nn.Module, opt: torch.optim.
     """Every rank writes its shards into ``tmp`` (made by rank 0 beforehand); then rank 0 writes
     ``extra.safetensors``, ``diagnostics.json`` and ``state.json`` with the manifest. Collective: every rank calls
     it. Raises :class:`PlelabError` on every rank when any rank could not write (``tmp`` is left for the caller)."""
-    msd = {k: v for k, v in get_model_state_dict(model).items()}
+    msd = get_model_state_dict(model)
     osd = get_optimizer_state_dict(model, opt)
     moments = {f"{name}.{k}": st[k] for name, st in osd["state"].items() for k in _MOMENTS if k in st}
     steps = {f"{name}.step": torch.as_tensor(st["step"]).detach().cpu().reshape(())
