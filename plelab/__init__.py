@@ -26,11 +26,12 @@ _EXPORTS: dict[str, str] = {
     # the model and the PLE mechanism
     "build_model": "plelab.model", "PLECausalLM": "plelab.model", "CausalLMOutput": "plelab.model",
     "PerLayerEmbedding": "plelab.model.ple", "PerLayerInjection": "plelab.model.ple",
-    "IIDTableIds": "plelab.model.ple", "token_table_ids": "plelab.model.ple",
+    "IIDTableIds": "plelab.model.ple", "token_table_ids": "plelab.model.ple", "frequency_rows": "plelab.model.ple",
     # what the CLI verbs do
     "train": "plelab.runs", "evaluate": "plelab.training.evaluate", "diagnose": "plelab.integrations.checkpoints",
     "sweep": "plelab.sweeps.commands", "report": "plelab.reports", "plan": "plelab.sweeps.planning",
     "ingest": "plelab.data.pipeline", "prepare_data": "plelab.data.pipeline", "ladder": "plelab.sweeps.ladder",
+    "fit_runs": "plelab.sweeps.scaling_runs", "fit_study": "plelab.sweeps.scaling",
     # the trainer's seams, for your own kinds of run and observers
     "Trainer": "plelab.training.trainer", "TrainResult": "plelab.training.trainer", "Task": "plelab.training.task",
     "Observer": "plelab.training.task", "TextTask": "plelab.training.text_task",

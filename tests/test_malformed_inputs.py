@@ -275,6 +275,9 @@ CASES = {
     "params-dp-not-numbers": (lambda w: ["params", "--dp", "0,big"], "invalid --dp '0,big': give integers"),
     "config-dp-list": (lambda w: ["config", "--dp", "0,64"], "invalid --dp '0,64': give one integer"),
     "train-dp-list": (lambda w: [*TRAIN, "--dp", "8,16", "--out", f"{w}/o/d1"], "invalid --dp '8,16': give one"),
+    "train-remap-without-a-smaller-table": (
+        lambda w: [*TRAIN, "--set", "ple.dim=8", "--set", "ple.vocab_remap=frequency", "--out", f"{w}/o/d9"],
+        "set ple.vocab_size below model.vocab_size"),
     "train-dp-negative": (lambda w: [*TRAIN, "--dp", "-8", "--out", f"{w}/o/d2"], "ple.dim=-8: allowed an integer"),
     "diagnose-dp-not-a-number": (lambda w: ["diagnose", f"{w}/foreign.safetensors", "--dp", "x"],
                                  "invalid --dp 'x': give one integer"),

@@ -9,11 +9,13 @@ from pathlib import Path
 from plelab.cli.common import add_set, config_args, dp_list, dp_value, int_list, one_int
 from plelab.demo import PROFILES, run_demo
 from plelab.errors import ConfigError
+from plelab.io import json_safe, write_json
 from plelab.reports import report
 from plelab.sweeps.advise import recommend
 from plelab.sweeps.commands import options_of, sweep
 from plelab.sweeps.ladder import GPU_BF16_PEAK, Assumptions, ladder, ladder_text
 from plelab.sweeps.planning import plan, plan_text
+from plelab.sweeps.scaling_runs import fit_runs, fit_text
 
 
 def variant(text: str) -> tuple[str, list[str]]:
@@ -80,6 +82,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     profile = next((p for p, on in (("quick", args.quick), ("study", args.study), ("study-gpu", args.study_gpu)) if on),
                    "default")
     run_demo(profile, out=args.out, data_path=args.data, jobs=args.jobs, progress=not args.no_progress)
+    return 0
+
+
+def n_and_d(text: str) -> tuple[float, float]:
+    """``--predict N:D`` (e.g. ``2.458e9:400e9``) -> ``(N, D)``."""
+    try:
+        n, d = (float(x) for x in text.split(":"))
+        if n > 0 and d > 0:
+            return n, d
+    except ValueError:
+        pass
+    raise ConfigError(f"invalid --predict {text!r}: write N:D with both positive, e.g. 2.458e9:400e9")
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    r = fit_runs(args.runs, count=args.count, boots=args.boots, min_sizes=args.min_sizes,
+                 min_budgets=args.min_budgets, predict=args.predict or ())
+    if args.out:
+        write_json(args.out, r)
+    print(json.dumps(json_safe(r), indent=1) if args.json else fit_text(r))
+    if args.out:
+        print(f"wrote {args.out}")
     return 0
 
 
@@ -155,6 +179,20 @@ def add_parsers(sub) -> None:
     p.add_argument("--eval-windows", type=int,
                    help="also measure the spread with this many validation windows (re-evaluates every run)")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("fit", help="scaling law L(N, D) of finished baseline runs (≥ 4 sizes × 3 token budgets), "
+                                   "each PLE arm as an effective-parameter multiplier, checked on the largest size")
+    p.add_argument("runs", nargs="+", help="run or sweep folders (every summary.json under them is a point)")
+    p.add_argument("--count", choices=("non-embedding", "total"), default="non-embedding",
+                   help="N without (default) or with the embedding and head parameters")
+    p.add_argument("--boots", type=int, default=200, help="bootstrap replicates for the intervals (default 200)")
+    p.add_argument("--min-sizes", type=int, default=4, help="trunk sizes the law needs (default 4)")
+    p.add_argument("--min-budgets", type=int, default=3, help="token budgets per size the law needs (default 3)")
+    p.add_argument("--predict", type=n_and_d, action="append", metavar="N:D",
+                   help="also predict the baseline's loss at N parameters and D tokens (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the fit as JSON")
+    p.add_argument("--out", help="also write the fit as JSON to this file")
+    p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("demo", help="the seed's accounting + a paired multi-seed dP study with diagnostics and report")
     p.set_defaults(func=cmd_demo)

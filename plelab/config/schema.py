@@ -23,9 +23,11 @@ from typing import Literal, get_args
 from plelab.config.checks import _ADVISE, _DATA, _RESUME, _RESUME_ADVISE, _require, _require_choice
 from plelab.config.overrides import load_dict
 from plelab.config.visual_schema import QUANTIZER_IDS, VISUAL_IDS, Injection, QuantizerIds, VisualConfig, VisualIds
+from plelab.errors import ConfigError
 
 GateKind = Literal["gemma", "scalar", "vector", "none"]
 TableIds = Literal["token", "iid"]
+VocabRemap = Literal["none", "frequency"]
 TableMode = Literal["learned", "frozen", "zero"]
 TableOptimizer = Literal["adamw", "row-sparse"]
 TableDevice = Literal["auto", "cpu"]
@@ -88,11 +90,15 @@ class PLEConfig:
 
     ``dim`` is dP (HF: ``hidden_size_per_layer_input``); 0 switches PLE off and gives
     exactly the baseline trunk. ``vocab_size`` is Vp (HF: ``vocab_size_per_layer_input``);
-    ``None`` means the main vocabulary size. Token ids >= Vp look up row 0, as Gemma 3n does.
+    ``None`` means the main vocabulary size. With ``vocab_remap="none"`` token ids >= Vp look up row 0, as
+    Gemma 3n does; ``"frequency"`` gives the Vp − 1 most frequent ids (training split) their own rows and lets
+    the rest share row 0 (:func:`plelab.model.ple.frequency_rows`; the map is the model's
+    ``model.per_layer_token_rows`` buffer, saved with every checkpoint).
     """
 
     dim: int = 0
     vocab_size: int | None = field(default=None, metadata=_ADVISE)
+    vocab_remap: VocabRemap = field(default="none", metadata=_ADVISE)
     # gemma: RMSNorm_H(W_p(gelu_tanh(W_g h) * p_l)); scalar/vector: g_l * W_p p_l (the seed's
     # form, learned scalar or H-vector g_l); none: W_p p_l.
     gate: GateKind = field(default="gemma", metadata=_ADVISE)
@@ -128,6 +134,11 @@ class PLEConfig:
         _require(self.dim >= 0, "ple.dim", self.dim, "an integer >= 0 (0 = PLE off)")
         _require(self.vocab_size is None or self.vocab_size >= 2, "ple.vocab_size", self.vocab_size,
                  "an integer >= 2, or none for model.vocab_size")
+        _require_choice(self.vocab_remap, "ple.vocab_remap", VocabRemap)
+        if self.vocab_remap == "frequency" and not (self.vocab_size is not None and self.vocab_size < model.vocab_size):
+            raise ConfigError(f"ple.vocab_remap=frequency keeps the most frequent ids in a smaller table, but "
+                              f"ple.vocab_size is {self.vocab_size} with model.vocab_size {model.vocab_size}: set "
+                              "ple.vocab_size below model.vocab_size, or ple.vocab_remap=none")
         _require_choice(self.gate, "ple.gate", GateKind)
         _require_choice(self.ids, "ple.ids", TableIds)
         _require_choice(self.table, "ple.table", TableMode)
@@ -288,6 +299,8 @@ class RunConfig:
                      "none when ple.dim=0 (the visual table is a per-layer table: set ple.dim > 0, or "
                      "visual.table=false / visual.injection=layer0)")
             _require(self.ple.ids == "token", "ple.ids", self.ple.ids, "token in a visual run (use visual.ids=random)")
+            _require(self.ple.vocab_remap == "none", "ple.vocab_remap", self.ple.vocab_remap,
+                     "none in a visual run (its caption table keeps Gemma's rule)")
             _require(self.train.table_optimizer == "adamw" and self.train.table_device == "auto",
                      "train.table_optimizer", self.train.table_optimizer,
                      "adamw (and train.table_device=auto) in a visual run: its tables are small and dense")

@@ -41,6 +41,7 @@ from plelab.model.init import build_model
 from plelab.model.ple import IIDTableIds
 from plelab.training.checkpoint import load_model_weights, read_state
 from plelab.training.optim import lr_multiplier, table_lr
+from plelab.training.rows import row_counts, rows_of, token_rows
 
 
 def row_occurrences(cfg: RunConfig, data: TokenData, steps: int) -> np.ndarray:
@@ -50,15 +51,14 @@ def row_occurrences(cfg: RunConfig, data: TokenData, steps: int) -> np.ndarray:
     """
     tc, vp = cfg.train, cfg.ple.resolved_vocab_size(cfg.model)
     if cfg.ple.ids == "iid":
-        p = data.train_counts(vp) / max(1, data.train_counts(vp).sum())
-        return p * steps * tc.batch_size * tc.seq_len
+        rows = row_counts(cfg, data)
+        return rows / max(1, rows.sum()) * steps * tc.batch_size * tc.seq_len
     sampler = train_sampler(data, tc.seq_len, cfg.seed)
     counts = np.zeros(max(vp, cfg.model.vocab_size), dtype=np.int64)
     for step in range(steps):
         x, _ = sampler.batch(step, tc.batch_size)
         counts += np.bincount(x.reshape(-1).numpy(), minlength=len(counts))
-    counts[0] += counts[vp:].sum()
-    return counts[:vp].astype(np.float64)
+    return rows_of(counts, token_rows(cfg, data), vp).astype(np.float64)
 
 
 def weight_decay_shrink(cfg: RunConfig, steps: int) -> float:
@@ -228,7 +228,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     elif use:
         model = build_model(run.cfg.model, run.cfg.ple, seed=run.cfg.seed)
         load_model_weights(model, source.checkpoint)
-        iid = (IIDTableIds(torch.from_numpy(run.data.train_counts(source.rows))) if run.cfg.ple.ids == "iid"
+        iid = (IIDTableIds(torch.from_numpy(row_counts(run.cfg, run.data))) if run.cfg.ple.ids == "iid"
                else None)
         win = data_val_windows(run.data, run.cfg.train.seq_len, windows)
         base, results = use_metrics(model, win, initial_table(run.cfg), run.counts, batch=16,

@@ -145,7 +145,7 @@ def materialise(model: PLECausalLM, device: str | torch.device, table_device: st
 def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | torch.device = "cpu",
                 dtype: torch.dtype = torch.float32, table_device: str | torch.device | None = None,
                 table_sparse: bool = False, shard: Callable[[nn.Module], None] | None = None,
-                activation_checkpointing: bool = False) -> PLECausalLM:
+                activation_checkpointing: bool = False, token_rows: torch.Tensor | None = None) -> PLECausalLM:
     """Construct on the meta device (instant at any size), then materialise on ``device`` and init.
 
     ``device="meta"`` returns the uninitialised skeleton, for parameter accounting. ``table_device``
@@ -154,8 +154,16 @@ def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | tor
     optimizer's table). Values depend on neither. ``shard`` (e.g. FSDP2's ``fully_shard`` per unit) is applied on
     the meta device, before anything is allocated: each rank then materialises and draws only its own shard, with
     the values the unsharded model has (:func:`init_weights`). ``activation_checkpointing``: see
-    :class:`~plelab.model.transformer.PLETextModel`.
+    :class:`~plelab.model.transformer.PLETextModel`. ``token_rows [V]``: the id -> row map of
+    ``ple.vocab_remap=frequency`` (:func:`~plelab.model.ple.frequency_rows`); without it the map is unfilled
+    until a checkpoint is loaded, and reading it raises.
     """
+    if token_rows is not None and not (pc.enabled and pc.vocab_remap == "frequency"):
+        raise ValueError("token_rows is the id -> row map of ple.vocab_remap=frequency; this config has no remap")
+    if token_rows is not None and (tuple(token_rows.shape) != (mc.vocab_size,) or int(token_rows.min()) < 0
+                                   or int(token_rows.max()) >= pc.resolved_vocab_size(mc)):
+        raise ValueError(f"token_rows must map each of the {mc.vocab_size} ids to a row in [0, "
+                         f"{pc.resolved_vocab_size(mc)}), got shape {tuple(token_rows.shape)}")
     with torch.device("meta"):
         model = PLECausalLM(mc, pc, table_sparse=table_sparse, activation_checkpointing=activation_checkpointing)
     if str(device) == "meta":
@@ -165,6 +173,10 @@ def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | tor
     materialise(model, device, table_device if table_device is not None else device)
     model.to(dtype)
     init_weights(model, seed)
+    rows = getattr(model.model, "per_layer_token_rows", None)  # to_empty left it uninitialised
+    if rows is not None:
+        with torch.no_grad():
+            rows.copy_(token_rows) if token_rows is not None else rows.fill_(-1)
     if pc.enabled and pc.table != "learned":  # the frozen / zero controls: the optimizer never sees it
         model.model.embed_tokens_per_layer.weight.requires_grad_(False)
     return model

@@ -59,6 +59,23 @@ def token_table_ids(input_ids: torch.Tensor, table_rows: int) -> torch.Tensor:
     return torch.where(input_ids < table_rows, input_ids, torch.zeros_like(input_ids))
 
 
+def frequency_rows(counts: torch.Tensor, table_rows: int) -> torch.Tensor:
+    """``ple.vocab_remap=frequency``: the table row of every token id, ``counts [V]`` -> ``[V]`` (int64).
+
+    The ``table_rows - 1`` most frequent ids (training-split counts; ties go to the lower id) get rows
+    ``1 … table_rows - 1`` in order of frequency; every other id shares row 0, the out-of-vocabulary row (where
+    Gemma 3n's rule sends ids >= Vp). More tokens per row without merging any frequent token with another.
+    """
+    counts = torch.as_tensor(counts).to(torch.int64).cpu()
+    if not 2 <= table_rows <= len(counts):
+        raise ValueError(f"frequency_rows needs 2 <= table_rows <= {len(counts)} (the vocabulary), got {table_rows}")
+    # a stable sort by descending count keeps the lower id first among equal counts
+    kept = torch.sort(-counts, stable=True).indices[: table_rows - 1]
+    rows = torch.zeros(len(counts), dtype=torch.int64)
+    rows[kept] = torch.arange(1, table_rows, dtype=torch.int64)
+    return rows
+
+
 class IIDTableIds:
     """The null control's table ids (``ple.ids=iid``): every occurrence drawn i.i.d. from the real ids'
     frequencies, so the rows a token looks up carry no information about it.

@@ -3,7 +3,8 @@
 Equations (``ple_reference.md`` §1.2 and §1.4; Gemma 4 ``Gemma4TextModel`` plain form):
 
     e      = sqrt(H) · E[x]                                        # embed_tokens          [B,T,H]
-    z      = sqrt(dP) · T[x if x < Vp else 0]  → [B,T,L,dP]         # embed_tokens_per_layer (ple.embed_scale)
+    z      = sqrt(dP) · T[r(x)]  → [B,T,L,dP]   # embed_tokens_per_layer (ple.embed_scale); r(x) = x if x < Vp
+                                               # else 0, or the frequency map per_layer_token_rows[x]
     c      = RMSNorm_dP((W_m e) · H^-½ → [B,T,L,dP]; g_m)           # per_layer_model_projection, _norm
     P      = (c + z) · 2^-½                                        # per-layer inputs      [B,T,L,dP]
     layer l:
@@ -76,6 +77,10 @@ class PLETextModel(nn.Module):
         super().__init__()
         self.mc, self.pc = mc, pc
         self.activation_checkpointing = activation_checkpointing
+        if pc.enabled and pc.vocab_remap == "frequency":
+            # the table row of every token id (ple.vocab_remap=frequency); -1 until filled by build_model's
+            # token_rows or a checkpoint, so an unfilled map cannot be read by mistake
+            self.register_buffer("per_layer_token_rows", torch.full((mc.vocab_size,), -1, dtype=torch.int64))
         H, L = mc.hidden_size, mc.num_hidden_layers
         self.embed_tokens = nn.Embedding(mc.vocab_size, H)
         embedding = None
@@ -90,7 +95,14 @@ class PLETextModel(nn.Module):
         self.embed_scale = math.sqrt(H) if mc.scale_embeddings else 1.0
 
     def table_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The rows of ``embed_tokens_per_layer`` that ``input_ids [B,T]`` look up (ids >= Vp -> 0)."""
+        """The rows of ``embed_tokens_per_layer`` that ``input_ids [B,T]`` look up (ids >= Vp -> 0, or the
+        frequency map ``per_layer_token_rows`` under ``ple.vocab_remap=frequency``)."""
+        if self.pc.vocab_remap == "frequency":
+            rows = self.per_layer_token_rows[input_ids]
+            if bool((rows < 0).any()):
+                raise ValueError("the model's id -> row map (per_layer_token_rows) is unfilled: build the model with "
+                                 "build_model(..., token_rows=plelab.frequency_rows(counts, Vp)) or load a checkpoint")
+            return rows
         return token_table_ids(input_ids, self.ple_vocab_size)
 
     def _resolve_table_ids(self, input_ids: torch.Tensor, table_ids: torch.Tensor | None) -> torch.Tensor:

@@ -230,7 +230,7 @@ def load_model_weights(model: torch.nn.Module, ckpt: Path) -> None:
         sharded.load_sharded_weights(model, ckpt)
         return
     tensors = _load_tensors(Path(ckpt) / "model.safetensors")
-    expected = {name: p for name, p in model.named_parameters()}
+    expected = dict(model.state_dict(keep_vars=True))  # parameters and persistent buffers (a remap's id -> row map)
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:

@@ -26,6 +26,7 @@ from plelab.precision import cpu_bf16_flags
 from plelab.runtime import resolve_device, setup_torch
 from plelab.training.checkpoint import read_state
 from plelab.training.loading import checkpoint_of, load_for_eval
+from plelab.training.rows import row_counts
 from plelab.training.run_precision import legacy_precision
 
 
@@ -51,8 +52,7 @@ def evaluate(path: str | Path, *, device: str = "auto", windows: int | None = No
                           f"now gives {data.corpus_fingerprint[:12]}…); restore the run's corpus")
     iid = None
     if cfg.ple.enabled and cfg.ple.ids == "iid":
-        vp = cfg.ple.resolved_vocab_size(cfg.model)
-        iid = IIDTableIds(torch.from_numpy(data.train_counts(vp)).to(device))
+        iid = IIDTableIds(torch.from_numpy(row_counts(cfg, data)).to(device))
     n = windows if windows is not None else cfg.train.eval_batches * cfg.train.batch_size
     chosen = data_val_windows(data, cfg.train.seq_len, n)
     # as the trainer evaluates: its micro-batch (the i.i.d. null's draws are seeded per chunk) and precision

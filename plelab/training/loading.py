@@ -72,7 +72,7 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu",
     try:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             saved = set(f.keys())
-            params = [(n, p) for n, p in model.named_parameters() if not (mapped and n == TABLE_KEY)]
+            params = [(n, p) for n, p in model.state_dict(keep_vars=True).items() if not (mapped and n == TABLE_KEY)]
             missing = [n for n, _ in params if n not in saved]
             if missing:
                 raise PlelabError(f"{file} lacks {missing[0]}; it does not fit the run's config")

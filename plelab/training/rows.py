@@ -1,10 +1,15 @@
-"""Exact counts of the table rows a run looked up (saved with every checkpoint; the diagnostics' "used rows")."""
+"""Which table row each token id looks up under a run's rule, and exact counts of the rows a run looked up (saved
+with every checkpoint; the diagnostics' "used rows")."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from plelab.config.schema import RunConfig
+from plelab.data.tokens import TokenData
 from plelab.distributed import sum_across_ranks
+from plelab.model.ple import frequency_rows
 
 
 class RowCounter:
@@ -21,3 +26,27 @@ class RowCounter:
         """Fraction of rows looked up so far, over all ranks (collective under torchrun)."""
         counts = sum_across_ranks(self.counts, dist) if dist is not None else self.counts
         return float((counts > 0).float().mean())
+
+
+def token_rows(cfg: RunConfig, data: TokenData) -> torch.Tensor | None:
+    """The id -> row map ``[V]`` of ``ple.vocab_remap=frequency``, from the training split's counts
+    (:func:`~plelab.model.ple.frequency_rows`); ``None`` under Gemma's rule (ids >= Vp -> row 0)."""
+    if not (cfg.ple.enabled and cfg.ple.vocab_remap == "frequency"):
+        return None
+    counts = torch.from_numpy(data.train_counts(cfg.model.vocab_size))
+    return frequency_rows(counts, cfg.ple.resolved_vocab_size(cfg.model))
+
+
+def rows_of(token_counts: np.ndarray, rows: torch.Tensor | None, table_rows: int) -> np.ndarray:
+    """Per-row counts ``[Vp]`` from per-id counts ``[V]`` under the map ``rows`` (None: ids >= Vp -> row 0)."""
+    if rows is None:
+        out = token_counts[:table_rows].copy()
+        out[0] += token_counts[table_rows:].sum()
+        return out
+    return np.bincount(rows.numpy(), weights=token_counts[:len(rows)], minlength=table_rows).round().astype(np.int64)
+
+
+def row_counts(cfg: RunConfig, data: TokenData) -> np.ndarray:
+    """How often each table row is looked up by the training split's ids, under the run's id -> row rule."""
+    V, vp = cfg.model.vocab_size, cfg.ple.resolved_vocab_size(cfg.model)
+    return rows_of(data.train_counts(max(V, vp)), token_rows(cfg, data), vp)

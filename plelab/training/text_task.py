@@ -3,8 +3,9 @@
 A batch: ``PackedSampler.batch(step)`` (``MixtureSampler`` for several sources) gives this rank's rows of
 the global batch ``[b, T+1]``; the model sees
 ``window[:, :-1]`` with pre-shifted ``targets = window[:, 1:]`` and the table ids it looks up — the token ids
-(ids >= Vp -> 0) or, for the null control ``ple.ids=iid``, ids drawn i.i.d. from the real ids' frequencies
-with a generator seeded by ``(seed, step, rank, micro)`` (distinct, resumable draws).
+(ids >= Vp -> 0; their frequency-ranked rows under ``ple.vocab_remap=frequency``) or, for the null control
+``ple.ids=iid``, ids drawn i.i.d. from the real ids' frequencies with a generator seeded by
+``(seed, step, rank, micro)`` (distinct, resumable draws).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from plelab.model.losses import window_losses
 from plelab.model.ple import IIDTableIds, token_table_ids
 from plelab.runtime import seeded_generator
 from plelab.training.optim import optimizer_groups
+from plelab.training.rows import row_counts, token_rows
 from plelab.training.task import Batch, RunEnv, Task, TaskKind, register_task_kind
 
 TEXT_ROWS_KEY = "diag.row_counts"
@@ -38,18 +40,22 @@ class TextTask(Task):
         self.table_rows = cfg.ple.resolved_vocab_size(cfg.model) if cfg.ple.enabled else 0
         self.row_tables = {"text": (self.table_rows, TEXT_ROWS_KEY)} if self.table_rows else {}
         self.iid: IIDTableIds | None = None
+        self.token_rows = token_rows(cfg, data) if self.table_rows else None  # ple.vocab_remap=frequency
 
     def bind(self, env: RunEnv) -> None:
         super().bind(env)
         if self.table_rows and self.cfg.ple.ids == "iid":
-            self.iid = IIDTableIds(torch.from_numpy(self.data.train_counts(self.table_rows)).to(env.device))
+            self.iid = IIDTableIds(torch.from_numpy(row_counts(self.cfg, self.data)).to(env.device))
+        if self.token_rows is not None:
+            self.token_rows = self.token_rows.to(env.device)
 
     def build_model(self, table_device: str | None, table_sparse: bool,
                     shard: Callable[[nn.Module], None] | None = None) -> nn.Module:
         c = self.cfg
         return build_model(c.model, c.ple, seed=c.seed, device=self.env.device, table_device=table_device,
                            table_sparse=table_sparse, shard=shard,
-                           activation_checkpointing=c.train.activation_checkpointing)
+                           activation_checkpointing=c.train.activation_checkpointing,
+                           token_rows=None if self.token_rows is None else self.token_rows.cpu())
 
     def param_groups(self, model: nn.Module) -> list[dict]:
         return optimizer_groups(model, self.cfg.train)
@@ -61,6 +67,8 @@ class TextTask(Task):
         if self.iid is not None:
             gen = seeded_generator(self.cfg.seed, f"iid:{step}:{self.env.dist.rank}:{micro}", self.env.device)
             ids = self.iid.draw(x, gen)
+        elif self.token_rows is not None:
+            ids = self.token_rows[x]
         elif self.table_rows:
             ids = token_table_ids(x, self.table_rows)
         return Batch({"input_ids": x, "targets": y.to(self.env.device), "table_ids": ids},
