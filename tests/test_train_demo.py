@@ -127,7 +127,10 @@ def test_missing_optional_sink_fails_before_writing(tmp_path, capsys, monkeypatc
 
 @pytest.mark.slow
 def test_torch_compile_matches_eager(tiny_data):
-    eager = train(resolve_config("cpu-tiny", steps=4), data=tiny_data, progress=False, log=lambda *a: None)
-    compiled = train(resolve_config("cpu-tiny", ["train.compile=true"], steps=4), data=tiny_data, progress=False,
-                     log=lambda *a: None)
+    # fp32 pinned: under bf16 autocast (what auto picks on a CPU with bf16 units) fused and unfused kernels round
+    # differently, ~1e-4 nats after 4 steps (measured on an AVX512-BF16 EPYC)
+    eager = train(resolve_config("cpu-tiny", ["train.precision=fp32"], steps=4), data=tiny_data, progress=False,
+                  log=lambda *a: None)
+    compiled = train(resolve_config("cpu-tiny", ["train.compile=true", "train.precision=fp32"], steps=4),
+                     data=tiny_data, progress=False, log=lambda *a: None)
     assert compiled.train_losses == pytest.approx(eager.train_losses, abs=1e-5)
