@@ -49,6 +49,7 @@ def test_the_ladder_holds_its_ratios_and_its_commands_resolve():
     assert all(r["num_hidden_layers"] == 32 and r["vocab_size"] == 100_096 for r in fixed["rungs"])
     assert fixed["tokens_per_parameter"] == pytest.approx(400e9 / 2_202_176_000)
     assert fixed["cpu_affordable"] == [] and any("no rung trains within" in n for n in fixed["notes"])
+    assert "ple.vocab_remap=frequency" in fixed["notes"][0]  # the lever the drifting tokens per row can pull
 
 
 def test_gemma_3n_tables_by_hand():

@@ -179,7 +179,9 @@ def _rung(name, mc, pc, is_target, per_param, a, count, dp_ratios, emit, seeds) 
 
 def _notes(rungs, affordable, a: Assumptions, vocab: str, depth: str) -> list[str]:
     notes = [f"tokens per table row drift from {rungs[0]['tokens_per_table_row']:,.0f} (smallest rung) to "
-             f"{rungs[-1]['tokens_per_table_row']:,.0f} (target): the ladder holds tokens per parameter, not per row"]
+             f"{rungs[-1]['tokens_per_table_row']:,.0f} (target): the ladder holds tokens per parameter, not per row "
+             "(a smaller ple.vocab_size with ple.vocab_remap=frequency raises a rung's tokens per row without "
+             "merging its frequent ids)"]
     if not affordable:
         notes.append(f"no rung trains within {a.cpu_budget_hours:g} CPU-hours at {a.cpu_flops / 1e9:.0f} GFLOP/s"
                      + (" (try --vocab scaled)" if vocab == "fixed" else "")
