@@ -84,7 +84,9 @@ def initial_normal(name: str, shape: tuple[int, ...], seed: int, std: float,
     if block >= n:  # one draw for the whole tensor (every model at CPU scale)
         full = torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=seeded_generator(seed, name))
         part = full if rows is None else full[start:stop]
-        return out.copy_(part) if out is not None else part if rows is None else part.clone()
+        if out is not None:
+            return out.copy_(part)
+        return part if rows is None else part.clone()
     if out is None:
         out = torch.empty((stop - start, *shape[1:]), dtype=torch.float32)
     for b in range(start // block, -(-stop // block)):

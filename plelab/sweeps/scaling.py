@@ -150,6 +150,19 @@ def _interval(values: Sequence[float]) -> list[float]:
     return [float(np.quantile(v, 0.025)), float(np.quantile(v, 0.975))] if len(v) else [math.nan, math.nan]
 
 
+def _refit(law: Law, sample: Sequence[Point]) -> Law | None:
+    """The law refitted to a bootstrap sample, started from the full fit; None below 5 distinct cells (the law has
+    five parameters)."""
+    if len({(p.n, p.d) for p in sample}) < 5:
+        return None
+    return fit_law(*_arrays(sample), starts=[_theta(law)])
+
+
+def _rms(law: Law, points: Sequence[Point]) -> float:
+    n, d, loss = _arrays(points)
+    return float(np.sqrt(np.mean((law.predict(n, d) - loss) ** 2)))
+
+
 def _grid_ok(points: Sequence[Point], min_sizes: int, min_budgets: int, what: str) -> None:
     sizes = sorted({p.n for p in points})
     budgets = {s: {p.d for p in points if p.n == s} for s in sizes}
@@ -171,16 +184,12 @@ def fit_study(points: Sequence[Point], baseline: str = "baseline", boots: int = 
     _grid_ok(base, min_sizes, min_budgets, f"the baseline arm {baseline!r}")
     law = fit_law(*_arrays(base))
     how, reps = _replicates(points, boots, seed)
-    near = [_theta(law)]
-    laws = []
-    for rep in reps:
-        rb = [p for p in rep if p.arm == baseline]
-        laws.append(fit_law(*_arrays(rb), starts=near) if len({(p.n, p.d) for p in rb}) >= 5 else None)
+    laws = [_refit(law, [p for p in rep if p.arm == baseline]) for rep in reps]
     fitted = [x for x in laws if x is not None]
     out = {"baseline": baseline, "resampling": how, "bootstraps": len(fitted), "points": len(base),
            "sizes": sorted({p.n for p in base}), "budgets": sorted({p.d for p in base}),
            "law": {k: {"value": v, "ci": _interval([getattr(x, k) for x in fitted])} for k, v in law.to_dict().items()},
-           "rms_residual": float(np.sqrt(np.mean((law.predict(*_arrays(base)[:2]) - _arrays(base)[2]) ** 2))),
+           "rms_residual": _rms(law, base),
            "multipliers": {}, "warnings": []}
     for arm in sorted({p.arm for p in points} - {baseline}):
         own = [p for p in points if p.arm == arm]
@@ -212,10 +221,9 @@ def holdout(base: Sequence[Point], boots: int = BOOTSTRAPS, seed: int = 0) -> di
     sizes = sorted({p.n for p in base})
     held, fit_on = sizes[-1], [p for p in base if p.n < sizes[-1]]
     law = fit_law(*_arrays(fit_on))
-    rms = float(np.sqrt(np.mean((law.predict(*_arrays(fit_on)[:2]) - _arrays(fit_on)[2]) ** 2)))
+    rms = _rms(law, fit_on)
     _, reps = _replicates(fit_on, boots, seed)
-    near = [_theta(law)]
-    laws = [fit_law(*_arrays(r), starts=near) for r in reps if len({(p.n, p.d) for p in r}) >= 5]
+    laws = [x for x in (_refit(law, r) for r in reps) if x is not None]
     noise = np.random.default_rng(seed + 1).normal(0.0, rms, size=len(laws))
     rows = []
     for d in sorted({p.d for p in base if p.n == held}):

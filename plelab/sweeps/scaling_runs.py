@@ -54,7 +54,7 @@ def points_from_runs(paths: Sequence[str | Path], count: str = "non-embedding") 
             summary = json.loads(file.read_text())
             cfg = RunConfig.from_dict(summary["config"])
             loss, tokens = float(summary["final_val_loss"]), float(summary["tokens_seen"])
-        except (OSError, ValueError, KeyError, TypeError) as err:
+        except (OSError, ValueError, KeyError, TypeError, PlelabError) as err:
             notes.append(f"skipped {file.parent}: its summary.json is not a finished plelab run ({err})")
             continue
         if cfg.visual.enabled:

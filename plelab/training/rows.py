@@ -28,13 +28,15 @@ class RowCounter:
         return float((counts > 0).float().mean())
 
 
-def token_rows(cfg: RunConfig, data: TokenData) -> torch.Tensor | None:
-    """The id -> row map ``[V]`` of ``ple.vocab_remap=frequency``, from the training split's counts
-    (:func:`~plelab.model.ple.frequency_rows`); ``None`` under Gemma's rule (ids >= Vp -> row 0)."""
+def token_rows(cfg: RunConfig, data: TokenData, counts: np.ndarray | None = None) -> torch.Tensor | None:
+    """The id -> row map ``[V]`` of ``ple.vocab_remap=frequency``, from the training split's counts (``counts``
+    when the caller has them; :func:`~plelab.model.ple.frequency_rows`); ``None`` under Gemma's rule (ids >= Vp ->
+    row 0)."""
     if not (cfg.ple.enabled and cfg.ple.vocab_remap == "frequency"):
         return None
-    counts = torch.from_numpy(data.train_counts(cfg.model.vocab_size))
-    return frequency_rows(counts, cfg.ple.resolved_vocab_size(cfg.model))
+    V = cfg.model.vocab_size
+    counts = data.train_counts(V) if counts is None else counts[:V]
+    return frequency_rows(torch.from_numpy(counts), cfg.ple.resolved_vocab_size(cfg.model))
 
 
 def rows_of(token_counts: np.ndarray, rows: torch.Tensor | None, table_rows: int) -> np.ndarray:
@@ -49,4 +51,5 @@ def rows_of(token_counts: np.ndarray, rows: torch.Tensor | None, table_rows: int
 def row_counts(cfg: RunConfig, data: TokenData) -> np.ndarray:
     """How often each table row is looked up by the training split's ids, under the run's id -> row rule."""
     V, vp = cfg.model.vocab_size, cfg.ple.resolved_vocab_size(cfg.model)
-    return rows_of(data.train_counts(max(V, vp)), token_rows(cfg, data), vp)
+    counts = data.train_counts(max(V, vp))  # one pass over the training split for both the map and the counts
+    return rows_of(counts, token_rows(cfg, data, counts), vp)
