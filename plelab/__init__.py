@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "sweep": "plelab.sweeps.commands", "report": "plelab.reports", "plan": "plelab.sweeps.planning",
     "ingest": "plelab.data.pipeline", "prepare_data": "plelab.data.pipeline", "ladder": "plelab.sweeps.ladder",
     "fit_runs": "plelab.sweeps.scaling_runs", "fit_study": "plelab.sweeps.scaling",
+    "calibrate": "plelab.calibration.commands", "verdict_reliability": "plelab.diagnostics.verdict",
     # the trainer's seams, for your own kinds of run and observers
     "Trainer": "plelab.training.trainer", "TrainResult": "plelab.training.trainer", "Task": "plelab.training.task",
     "Observer": "plelab.training.task", "TextTask": "plelab.training.text_task",

@@ -100,8 +100,8 @@ def test_tagged_key_lists_equal_the_lists_kept_by_hand_before():
     assert keys_tagged("resume") == ("seed", "model", "ple", "train.batch_size", "train.seq_len",
                                      "train.table_optimizer", "train.precision", "visual")
     # plelab/sweeps/advise.py's _MATCH as it was written by hand (model: every key), and the data keys of issue 18
-    match = [("model", None), ("ple", ("vocab_size", "vocab_remap", "gate", "gate_init", "table_init_std", "ids",
-                                       "table", "table_scale", "table_scale_dim")),
+    match = [("model", None), ("ple", ("vocab_size", "vocab_remap", "gate", "gate_init", "gate_learn", "table_init_std",
+                                       "ids", "table", "table_scale", "table_scale_dim")),
              ("train", ("steps", "batch_size", "seq_len", "lr", "table_lr", "table_lr_mult", "weight_decay",
                         "table_weight_decay", "warmup_steps", "min_lr_ratio")),
              ("data", ("path", "mix", "tokenizer", "val_fraction", "tokenizer_sample_chars", "val_shard"))]

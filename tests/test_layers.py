@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
     {"integrations"},
     {"runs"},
     {"sweeps"},
+    {"calibration"},
     {"reports"},
     {"visual"},
     {"demo"},

@@ -3,7 +3,8 @@
 One module per verb group (:mod:`~plelab.cli.configs`: params / config / presets;
 :mod:`~plelab.cli.data`: ingest;
 :mod:`~plelab.cli.train`: train / eval / diagnose; :mod:`~plelab.cli.models`: export / generate;
-:mod:`~plelab.cli.sweep`: sweep / report / advise / demo; :mod:`~plelab.cli.visual`: visual-ids / visual-study);
+:mod:`~plelab.cli.sweep`: sweep / report / advise / demo; :mod:`~plelab.cli.visual`: visual-ids / visual-study;
+:mod:`~plelab.cli.calibrate`: calibrate);
 nothing below this package imports argparse. Imports are at module level (the layering test,
 ``tests/test_layers.py``); only optional or heavy dependencies (transformers, matplotlib, ...) load when a command
 needs them.
@@ -21,7 +22,7 @@ import sys
 
 import plelab.visual  # noqa: F401  (registers the visual kind of run)
 from plelab import __version__
-from plelab.cli import configs, data, models, sweep, train, visual
+from plelab.cli import calibrate, configs, data, models, sweep, train, visual
 from plelab.cli.common import Parser
 from plelab.errors import PlelabError
 from plelab.io import os_reason
@@ -33,7 +34,7 @@ def build_parser() -> Parser:
     parser = Parser(prog="plelab", description="Per-Layer Embeddings lab: models, accounting, training, studies.")
     parser.add_argument("--version", action="version", version=f"plelab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for group in (configs, data, train, models, sweep, visual):
+    for group in (configs, data, train, models, sweep, visual, calibrate):
         group.add_parsers(sub)
     return parser
 

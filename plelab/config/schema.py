@@ -104,6 +104,9 @@ class PLEConfig:
     gate: GateKind = field(default="gemma", metadata=_ADVISE)
     # Initial value of the learned gate g_l (scalar/vector gates only).
     gate_init: float = field(default=1.0, metadata=_ADVISE)
+    # Whether the learned gate trains; false holds it at gate_init (gate_init=0 closes the branch: the calibration
+    # benchmark's "gate held at 0" negative, whose table gets no gradient).
+    gate_learn: bool = field(default=True, metadata=_ADVISE)
     # Std of the per-layer table's init; None means model.initializer_range.
     table_init_std: float | None = field(default=None, metadata=_ADVISE)
     # What keys the table: "token" (the real ids), or "iid" — a null control whose ids are drawn
@@ -140,6 +143,9 @@ class PLEConfig:
                               f"ple.vocab_size is {self.vocab_size} with model.vocab_size {model.vocab_size}: set "
                               "ple.vocab_size below model.vocab_size, or ple.vocab_remap=none")
         _require_choice(self.gate, "ple.gate", GateKind)
+        if not self.gate_learn and self.gate not in ("scalar", "vector"):
+            raise ConfigError(f"ple.gate_learn=false holds a learned gate fixed, but ple.gate is {self.gate!r}, "
+                              "which has none: set ple.gate=scalar or ple.gate=vector, or ple.gate_learn=true")
         _require_choice(self.ids, "ple.ids", TableIds)
         _require_choice(self.table, "ple.table", TableMode)
         _require(self.table_scale > 0, "ple.table_scale", self.table_scale, "a number > 0")

@@ -35,7 +35,7 @@ from plelab.diagnostics.structure import (
 )
 from plelab.diagnostics.tables import TableSource, find_table
 from plelab.diagnostics.usage import use_metrics
-from plelab.diagnostics.verdict import verdict
+from plelab.diagnostics.verdict import verdict, verdict_reliability
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
 from plelab.model.ple import IIDTableIds
@@ -173,7 +173,9 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
             report["notes"].append("W_t-only report: no second seed, W_0, row counts or model were given, so neither "
                                    "STRUCTURE nor USE can be decided (a Gaussian table already has erank ≈ d and "
                                    "mean cos ≈ 0): add --reference, and --data with --tokenizer")
-        return foreign_report(report, source, reference, init, reference_init, foreign_use)
+        report = foreign_report(report, source, reference, init, reference_init, foreign_use)
+        report["reliability"] = verdict_reliability(None, source.rows, dP, None, None)
+        return report
 
     run = table_of(source)
     if run.cfg is not None and run.cfg.ple.table != "learned":
@@ -240,12 +242,15 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         for r in results:
             if r.layer is not None:
                 use_layers.setdefault(r.layer, {})[r.kind] = r.to_dict()
+    cfg = run.cfg
+    total = cfg.train.steps if cfg is not None else run.total_steps
+    fraction = source.step / total if total and source.step is not None else None
     for i, layer in enumerate(layers):
         cs = layer.get("cross_seed", {})
         perm = use_layers.get(i, {}).get("permute")
         layer["use"] = use_layers.get(i)
         layer["verdict"] = verdict(cs.get("cka"), cs.get("null_mean"), cs.get("null_sd"),
-                                   delta=perm and perm["delta"], se=perm and perm["se"]).to_dict()
+                                   delta=perm and perm["delta"], se=perm and perm["se"], fraction=fraction).to_dict()
     perm = (use_table or {}).get("permute")
     reset = (use_table or {}).get("reset")
     extra = [f"reset-to-init costs {reset['delta']:+.4f}±{reset['se']:.4f} nats"] if reset else []
@@ -253,5 +258,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
                        "verdict": verdict(table_cka and table_cka["cka"], table_cka and table_cka["null_mean"],
                                           table_cka and table_cka["null_sd"], null_run_cka,
                                           delta=perm and perm["delta"], se=perm and perm["se"],
-                                          extra=extra).to_dict()}
+                                          extra=extra, fraction=fraction).to_dict()}
+    report["reliability"] = verdict_reliability(cfg.model.hidden_size if cfg is not None else run.hidden_size,
+                                                source.rows, dP, fraction, float(run.counts.sum()) / source.rows)
     return report

@@ -61,7 +61,8 @@ class LiveDiagnostics(Observer):
         if self.env.dist.enabled and self.cfg.train.parallel == "fsdp":
             return None  # the table is sharded: no rank holds it whole
         return checkpoint_diagnostics(self.lm, self.cfg, counts["text"].numpy(), table_alpha,
-                                      self.task.diag_windows(), self.env.device, self.task.iid)
+                                      self.task.diag_windows(), self.env.device, self.task.iid,
+                                      fraction=step / self.cfg.train.steps)
 
 
 def initial_table(cfg: RunConfig) -> torch.Tensor:
@@ -74,7 +75,8 @@ def initial_table(cfg: RunConfig) -> torch.Tensor:
 
 @torch.no_grad()
 def checkpoint_diagnostics(model: PLECausalLM, cfg: RunConfig, counts: np.ndarray, alpha: float,
-                           windows: torch.Tensor | None, device: torch.device, iid: IIDTableIds | None = None) -> dict:
+                           windows: torch.Tensor | None, device: torch.device, iid: IIDTableIds | None = None,
+                           fraction: float | None = None) -> dict:
     """:func:`table_diagnostics` of a plelab run (W_0 regenerated from its seed; ``iid``: the null control's id
     frequencies, for its evaluations).
 
@@ -84,19 +86,20 @@ def checkpoint_diagnostics(model: PLECausalLM, cfg: RunConfig, counts: np.ndarra
     if cfg.ple.table == "zero":
         return {"rows_used": int((counts > 0).sum()), "layers": [], "skipped": "ple.table=zero: no table signal"}
     return table_diagnostics(model, initial_table(cfg), counts, alpha, windows, device, seed=cfg.seed, iid=iid,
-                             structure=cfg.ple.table == "learned")
+                             structure=cfg.ple.table == "learned", fraction=fraction)
 
 
 @torch.no_grad()
 def table_diagnostics(model: nn.Module, w0: torch.Tensor, counts: np.ndarray, alpha: float = 1.0,
                       windows: torch.Tensor | None = None, device: torch.device | str = "cpu", *, seed: int = 0,
-                      iid: IIDTableIds | None = None, structure: bool = True) -> dict:
+                      iid: IIDTableIds | None = None, structure: bool = True, fraction: float | None = None) -> dict:
     """Structure of W_t and Δ = W_t − αW_0 on the used rows of each layer, and the table-level use test, for
     any model holding PLE modules.
 
     ``w0 [Vp, L·dP]``: the table at step 0; ``counts [Vp]``: how often each row was looked up in training;
     ``alpha``: Π(1 − lr·wd) of the table's group (1 without weight decay); ``windows [N, T+1]``: validation token
-    windows for the use test (None: no use test); ``structure``: False skips the per-layer structure (a frozen table).
+    windows for the use test (None: no use test); ``structure``: False skips the per-layer structure (a frozen table);
+    ``fraction``: how far through its run the checkpoint is (the use verdict's calibrated decision point).
     """
     ple = PLEModules(model)
     L, dP = ple.num_layers, ple.dim
@@ -115,5 +118,5 @@ def table_diagnostics(model: nn.Module, w0: torch.Tensor, counts: np.ndarray, al
         out["val_loss"] = base
         out["use"] = {r.kind: r.to_dict() for r in results}
         perm = out["use"]["permute"]
-        out["use_verdict"] = use_verdict(perm["delta"], perm["se"])[0]
+        out["use_verdict"] = use_verdict(perm["delta"], perm["se"], fraction=fraction)[0]
     return out

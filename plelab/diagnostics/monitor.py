@@ -88,11 +88,14 @@ class Monitor:
     ``every``: signal metrics every this many steps (0: never); ``checkpoint_every``: structure + use diagnostics
     every this many steps (0: only when :meth:`checkpoint` is called); ``val_windows [N, T+1]``: token windows for
     the use test (None: no use test); ``w0``: ``"auto"`` (regenerate if plelab initialised the table, else snapshot)
-    or ``"snapshot"``; ``seed``: the use test's permutation seed.
+    or ``"snapshot"``; ``seed``: the use test's permutation seed; ``total_steps``: the run's planned length, which
+    places each checkpoint on the verdict's calibrated decision points (None: unknown, the verdict then uses the
+    end-of-run thresholds and says the model is outside the calibrated range).
     """
 
     def __init__(self, model: nn.Module, out: str | Path, *, every: int = 50, checkpoint_every: int = 0,
-                 val_windows: torch.Tensor | None = None, w0: str = "auto", seed: int = 0) -> None:
+                 val_windows: torch.Tensor | None = None, w0: str = "auto", seed: int = 0,
+                 total_steps: int | None = None) -> None:
         try:
             self.ple = PLEModules(model)
         except LookupError as err:
@@ -101,6 +104,9 @@ class Monitor:
         for name, value in (("every", every), ("checkpoint_every", checkpoint_every)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise PlelabError(f"Monitor {name} must be an integer >= 0, got {value!r}")
+        if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
+                                        or total_steps < 1):
+            raise PlelabError(f"Monitor total_steps must be an integer >= 1 or None, got {total_steps!r}")
         if w0 not in ("auto", "snapshot"):
             raise PlelabError(f"Monitor w0 must be 'auto' or 'snapshot', got {w0!r}")
         if val_windows is not None and (not isinstance(val_windows, torch.Tensor) or val_windows.ndim != 2
@@ -108,6 +114,7 @@ class Monitor:
             raise PlelabError("Monitor val_windows must be an integer tensor [N, T+1] of token ids (T >= 1)")
         self.model, self.out = model, Path(out)
         self.every, self.checkpoint_every, self.val_windows, self.seed = every, checkpoint_every, val_windows, seed
+        self.total_steps = total_steps
         self.dist = _current_dist()
         table = self.ple.table
         self.rows = RowCounter(table.shape[0], table.device)
@@ -125,7 +132,8 @@ class Monitor:
                 write_json(self.out / "monitor.json", {"table_key": TABLE_KEY, "shape": [table.shape[0],
                            self.ple.num_layers, self.ple.dim], "w0": self.w0_source, "w0_init": self.w0_init,
                            "table_dtype": str(table.dtype).removeprefix("torch."), "every": every,
-                           "checkpoint_every": checkpoint_every, "seed": seed})
+                           "checkpoint_every": checkpoint_every, "seed": seed, "total_steps": total_steps,
+                           "hidden_size": int(self.ple.embedding.owner.per_layer_model_projection.weight.shape[1])})
             except OSError as err:
                 raise PlelabError(f"plelab.Monitor cannot write to {self.out}: {os_reason(err)}; give a writable "
                                   "folder") from None
@@ -180,7 +188,8 @@ class Monitor:
         device = self.ple.embedding.owner.per_layer_model_projection.weight.device
         diags = {"step": step, "w0": self.w0_source,
                  **table_diagnostics(model, self.w0(), counts.numpy().astype(np.float64), 1.0,
-                                     self.val_windows if val_windows is None else val_windows, device, seed=self.seed)}
+                                     self.val_windows if val_windows is None else val_windows, device, seed=self.seed,
+                                     fraction=step / self.total_steps if self.total_steps else None)}
         tensors = {TABLE_KEY: self.ple.table.detach().float().cpu().contiguous(), COUNTS_KEY: counts.cpu()}
         atomic_write(folder / TABLE_FILE, lambda p: save_file(tensors, str(p)))
         write_json(folder / "diagnostics.json", diags)
@@ -228,3 +237,4 @@ class MonitoredTable:
             w0 = mmap_tensor(source.run_dir / W0_FILE, TABLE_KEY)
         self.delta = self.table - w0.float().view(self.table.shape)
         self.saved_use, self.saved_val_loss = saved.get("use"), saved.get("val_loss")
+        self.total_steps, self.hidden_size = monitor.get("total_steps"), monitor.get("hidden_size")

@@ -12,7 +12,8 @@ rows can be drawn without the rest: a rank of a sharded (FSDP2) model draws exac
 Init convention (HF ``PreTrainedModel._init_weights``): Linear and Embedding weights
 normal(0, ``initializer_range``), RMSNorm weights 1. The per-layer table uses
 ``ple.table_init_std`` when set (zeros, frozen, for ``ple.table=zero``; ``frozen`` keeps the
-random init and takes it out of the optimizer). Learned scalar/vector gates start at ``ple.gate_init``.
+random init and takes it out of the optimizer). Learned scalar/vector gates start at ``ple.gate_init``
+(and stay there with ``ple.gate_learn=false``).
 Unlike HF Gemma, no table row is a padding row: every row is trainable.
 """
 
@@ -181,4 +182,8 @@ def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | tor
             rows.copy_(token_rows) if token_rows is not None else rows.fill_(-1)
     if pc.enabled and pc.table != "learned":  # the frozen / zero controls: the optimizer never sees it
         model.model.embed_tokens_per_layer.weight.requires_grad_(False)
+    if pc.enabled and not pc.gate_learn:  # a gate held at ple.gate_init
+        for name, p in model.named_parameters():
+            if name.endswith("per_layer_gate"):
+                p.requires_grad_(False)
     return model

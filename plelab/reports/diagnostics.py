@@ -57,8 +57,9 @@ def diagnostics_text(rep: dict) -> str:
                       f"validation ({pred['train_gain_nats']:+.4f} on the fit tokens); mean gradient per used row "
                       f"{pred['mean_row_grad_norm']:.2e}"]
     tv = rep["table"]["verdict"]
-    lines += ["", f"whole table: {tv['structure']}, {tv['use']}"]
+    lines += ["", f"whole table: {tv['structure']}, {tv['use']}, {tv.get('benefit', 'UNDECIDED')}"]
     lines += [f"  - {r}" for r in tv["reasons"]]
+    lines += [f"reliability: {r}" for r in rep.get("reliability", [])]
     lines += [f"note: {n}" for n in rep.get("notes", [])]
     return "\n".join(lines)
 

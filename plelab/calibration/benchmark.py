@@ -1,0 +1,141 @@
+"""The labelled benchmark behind the verdict: which runs ``plelab calibrate`` trains, and what is true of each.
+
+A *regime* is one model scale on one corpus; its runs are one sweep (``DIR/{scale}-{corpus}``, run by
+:mod:`plelab.sweeps.runner`: resumable, ``--jobs`` workers, every arm of a seed with the same data order and
+trunk init). A *configuration* is one arm of one regime: a *class* at one dP. The classes, with what their
+construction says about LEARNED (the table holds structure beyond its null):
+
+==========  =====================================================  ==========================
+class       overrides (at dP = d)                                  LEARNED by construction
+==========  =====================================================  ==========================
+``real``    the real token ids                                     yes
+``scalar``  real ids, the seed's learned scalar gate (init 1)      yes
+``slow``    real ids, table learning rate ×0.01                    yes (weak)
+``small``   real ids at the benchmark's smallest dP                yes (weak)
+``iid``     ids drawn i.i.d. from the token frequencies            no (the hard negative)
+``frozen``  table kept at its random init                          no (easy)
+``gate0``   the seed's scalar gate held at 0 (no gradient)         no (easy)
+``zero``    table zeroed and frozen                                not called: BENEFIT's reference
+==========  =====================================================  ==========================
+
+USED and BENEFIT are not known by construction: they are read from the finished runs (:mod:`.truth`). Every
+run checkpoints at ``DECISIONS`` evenly spaced points; each checkpoint is a decision point of the time curve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plelab.errors import ConfigError
+from plelab.io import check_name
+from plelab.sweeps.runner import run_sweep
+from plelab.sweeps.spec import Arm, SweepSpec, load_spec
+
+PRESET = "cpu-tiny"
+DECISIONS = 8  # checkpoints per run: decision points at 1/8, 2/8, ..., 8/8 of the run
+CLASSES = ("real", "scalar", "slow", "small", "iid", "frozen", "gate0", "zero")
+LEARNED_BY_CLASS = {"real": True, "scalar": True, "slow": True, "small": True, "iid": False, "frozen": False,
+                    "gate0": False}
+SLOW_LR = 0.01
+CLASS_OVERRIDES = {
+    "real": [], "small": [], "scalar": ["ple.gate=scalar", "ple.gate_init=1"],
+    "slow": [f"train.table_lr_mult={SLOW_LR:g}"], "iid": ["ple.ids=iid"],
+    "frozen": ["ple.table=frozen"], "gate0": ["ple.gate=scalar", "ple.gate_init=0", "ple.gate_learn=false"],
+    "zero": ["ple.table=zero"]}
+# Model scales (on the cpu-tiny preset): hidden size, layers, FFN width, heads / kv heads.
+SCALES = {
+    "h32": ["model.hidden_size=32", "model.num_hidden_layers=2", "model.intermediate_size=96",
+            "model.num_attention_heads=2", "model.num_key_value_heads=1"],
+    "h64": ["model.hidden_size=64", "model.num_hidden_layers=2", "model.intermediate_size=176"],
+    "h96": ["model.hidden_size=96", "model.num_hidden_layers=3", "model.intermediate_size=256",
+            "model.num_attention_heads=4", "model.num_key_value_heads=2"],
+}
+# The deterministic recipe every benchmark run shares (fp32: the same losses on every CPU).
+COMMON = ["train.precision=fp32", "train.threads=1", "train.diag_windows=64", "train.eval_batches=8",
+          "train.early_checkpoint=0", "train.table_weight_decay=0"]
+
+
+@dataclass
+class Benchmark:
+    """What to train: ``scales`` × ``corpora`` regimes, each with the classes at ``dims`` (``small`` at the
+    smallest, every other class at each larger dP; ``iid`` and ``zero`` at every dP, BENEFIT's references),
+    ``seeds`` seeds of ``steps`` steps. ``corpora``: name -> data overrides (``[]``: the embedded corpus)."""
+
+    scales: list[str] = field(default_factory=lambda: list(SCALES))
+    corpora: dict[str, list[str]] = field(default_factory=lambda: {"embedded": []})
+    dims: list[int] = field(default_factory=lambda: [4, 16])
+    seeds: int = 4
+    steps: int = 320
+    batch_size: int = 8
+    seq_len: int = 64
+
+    def validate(self) -> None:
+        unknown = [s for s in self.scales if s not in SCALES]
+        if unknown:
+            raise ConfigError(f"unknown calibration scale {unknown[0]!r}: choose from {', '.join(SCALES)}")
+        if len(self.dims) < 1 or sorted(set(self.dims)) != sorted(self.dims) or min(self.dims) < 1:
+            raise ConfigError(f"calibration dims {self.dims}: distinct integers >= 1")
+        if self.seeds < 3:
+            raise ConfigError(f"calibration needs >= 3 seeds (a call's truth is read off the other seeds), got "
+                              f"{self.seeds}")
+        if self.steps < DECISIONS or self.steps % DECISIONS:
+            raise ConfigError(f"calibration steps must be a multiple of {DECISIONS} (one checkpoint per decision "
+                              f"point), got {self.steps}")
+        for name in self.corpora:
+            check_name(name, "corpus name")
+
+    def regimes(self) -> list[tuple[str, str, str]]:
+        """``(folder name, scale, corpus)`` of every regime."""
+        return [(f"{s}-{c}", s, c) for c in self.corpora for s in self.scales]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+QUICK = Benchmark(scales=["h32"], dims=[4, 16], seeds=3, steps=128)
+
+
+def arms(dims: list[int]) -> list[Arm]:
+    """The configurations of one regime (family = class, x = dP)."""
+    dims = sorted(dims)
+    out = []
+    for d in dims:
+        classes = ["small", "iid", "zero"] if d == dims[0] and len(dims) > 1 else \
+            ["real", "scalar", "slow", "iid", "frozen", "gate0", "zero"]
+        for c in classes:
+            out.append(Arm(f"{c}-dp{d}", [f"ple.dim={d}", *CLASS_OVERRIDES[c]], c, d,
+                           reference=f"zero-dp{d}" if c != "zero" else None, description=f"{c} at dP={d}"))
+    return out
+
+
+def regime_spec(bench: Benchmark, scale: str, corpus: str) -> SweepSpec:
+    every = bench.steps // DECISIONS
+    overrides = [*SCALES[scale], *bench.corpora[corpus], *COMMON, f"train.batch_size={bench.batch_size}",
+                 f"train.seq_len={bench.seq_len}", f"train.checkpoint_every={every}",
+                 f"train.keep_checkpoints={DECISIONS}", f"train.eval_every={max(1, every // 2)}",
+                 f"train.diag_every={every}", f"train.warmup_steps={max(1, bench.steps // 16)}"]
+    return SweepSpec(preset=PRESET, overrides=overrides, arms=arms(bench.dims), seeds=list(range(bench.seeds)),
+                     steps=bench.steps, kind="calibrate", baseline=f"zero-dp{max(bench.dims)}")
+
+
+def run_benchmark(root: str | Path, bench: Benchmark, jobs: int = 1, progress: bool = True, log=print) -> list[Path]:
+    """Train (or resume) every regime's runs under ``root``; return the regime folders. A folder that holds
+    another definition is refused before anything runs."""
+    bench.validate()
+    root = Path(root)
+    folders = []
+    for name, scale, corpus in bench.regimes():
+        spec, folder = regime_spec(bench, scale, corpus), root / name
+        old = load_spec(folder)
+        if old is not None and (old.overrides != spec.overrides or old.steps != spec.steps
+                                or [a.overrides for a in old.arms] != [a.overrides for a in spec.arms]):
+            raise ConfigError(f"{folder} holds a calibration regime with other settings; choose another --out or "
+                              "rerun with the settings it was started with")
+        if old is not None and len(old.seeds) > len(spec.seeds):
+            spec.seeds = old.seeds
+        folders.append((folder, spec))
+    for folder, spec in folders:
+        run_sweep(folder, spec, jobs=jobs, progress=progress, log=log)
+    return [f for f, _ in folders]

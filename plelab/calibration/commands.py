@@ -1,0 +1,147 @@
+"""``plelab calibrate``: train the benchmark, read every call, measure the verdict's held-out error rates.
+
+Writes ``DIR/calls.jsonl`` (one call a line), ``DIR/calibration.json`` (everything below) and ``DIR/report.md``.
+``write_thresholds`` refits the thresholds the verdict ships with (:data:`plelab.diagnostics.verdict.SHIPPED`);
+the quick benchmark never does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from plelab.calibration.benchmark import DECISIONS, QUICK, SCALES, Benchmark, run_benchmark
+from plelab.calibration.evaluate import (
+    GOAL,
+    SCHEMES,
+    STRETCH,
+    earliest,
+    fractions,
+    held_out,
+    shipped_thresholds,
+    time_curve,
+)
+from plelab.calibration.features import Call, benchmark_calls
+from plelab.calibration.report import calibration_text
+from plelab.config import resolve_config
+from plelab.diagnostics.verdict import SHIPPED
+from plelab.errors import ConfigError
+from plelab.io import atomic_write, ensure_dir, write_json
+from plelab.provenance import git_commit, versions
+from plelab.sweeps.spec import load_spec
+
+KINDS = ("LEARNED", "USED", "BENEFIT")
+BASELINES = ("early paired Δ", "early loss slope")
+
+
+def _run_seconds(folder: Path) -> float:
+    """The wall time of every finished run of a regime, summed (each run's summary.json)."""
+    total = 0.0
+    for summary in folder.glob("runs/*/seed-*/summary.json"):
+        total += float(json.loads(summary.read_text()).get("wall_seconds", 0.0))
+    return total
+
+
+def _regime_facts(folder: Path) -> dict:
+    spec = load_spec(folder)
+    cfg = resolve_config(spec.preset, spec.overrides, steps=spec.steps)
+    scale, _, corpus = folder.name.partition("-")
+    per_step, rows = cfg.train.batch_size * cfg.train.seq_len, cfg.ple.resolved_vocab_size(cfg.model)
+    return {"name": folder.name, "scale": scale, "corpus": corpus, "hidden_size": cfg.model.hidden_size,
+            "layers": cfg.model.num_hidden_layers, "rows": rows,
+            "dims": sorted({int(a.x) for a in spec.arms}), "steps": spec.steps, "seeds": len(spec.seeds),
+            "tokens_per_step": cfg.train.batch_size * cfg.train.seq_len, "runs": len(spec.arms) * len(spec.seeds),
+            "tokens_per_row": [spec.steps // DECISIONS * per_step / rows, spec.steps * per_step / rows]}
+
+
+def analyse(calls: list[Call], regimes: list[dict]) -> dict:
+    """Held-out rates, time curves, baselines, the earliest decision points and per-regime reliability."""
+    curves: dict = {}
+    notes = []
+    for kind in KINDS:
+        curves[kind] = {}
+        for scheme in SCHEMES:
+            groups = {SCHEMES[scheme](c) for c in calls if c.call == kind}
+            if len(groups) < 2:
+                notes.append(f"{kind}: leave-one-{scheme}-out needs >= 2 {scheme}s (the benchmark has "
+                             f"{len(groups)})")
+                continue
+            curves[kind][scheme] = time_curve(calls, kind, scheme)
+    baselines = {name: {s: time_curve(calls, "BENEFIT", s, lambda c, n=name: c.baselines[n], floor=None)
+                        for s in curves["BENEFIT"]} for name in BASELINES}
+    first = {kind: {"goal": earliest(curves[kind].get("configuration", []), GOAL),
+                    "stretch": earliest(curves[kind].get("configuration", []), STRETCH)} for kind in KINDS}
+    reliability: dict = {}
+    for kind in KINDS:
+        mine = [c for c in calls if c.call == kind]
+        for reg in regimes:
+            rows = []
+            for f in fractions(mine):
+                at = [c for c in mine if c.fraction == f]
+                r = held_out(at, "configuration", where=lambda c, n=reg["name"]: c.regime == n).to_dict()
+                rows.append({"fraction": f, **{k: r[k] for k in ("calls", "decided", "wrong", "wrong_upper",
+                                                                   "coverage", "configurations")}})
+            reliability.setdefault(kind, {})[reg["name"]] = rows
+    return {"curves": curves, "baselines": baselines, "earliest": first, "reliability": reliability,
+            "thresholds": shipped_thresholds(calls), "notes": notes}
+
+
+def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: dict[str, str] | None = None,
+              scales: list[str] | None = None, seeds: int | None = None, steps: int | None = None,
+              write_thresholds: bool = False, progress: bool = True) -> dict:
+    """Run (or resume) the benchmark in ``out`` and measure the verdict on it; return ``calibration.json``'s
+    content. ``corpora``: extra corpora, name -> text file or folder (the embedded corpus is always one)."""
+    if quick and write_thresholds:
+        raise ConfigError("--quick is a pipeline check on a tiny benchmark: it never rewrites the shipped "
+                          "thresholds; drop --write-thresholds (or --quick)")
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    bench = Benchmark(**{**QUICK.to_dict()}) if quick else Benchmark()
+    if scales:
+        bench.scales = list(scales)
+    if seeds is not None:
+        bench.seeds = seeds
+    if steps is not None:
+        bench.steps = steps
+    for name, path in (corpora or {}).items():
+        if name == "embedded":
+            raise ConfigError("corpus name 'embedded' is the built-in corpus; give yours another name")
+        if not Path(path).exists():
+            raise ConfigError(f"--corpus {name}={path}: no such file or folder; make it first (README: calibration)")
+        bench.corpora[name] = [f"data.path={Path(path).resolve()}"]
+    bench.validate()
+    root = ensure_dir(out)
+    start = time.perf_counter()
+    folders = run_benchmark(root, bench, jobs=jobs, progress=progress)
+    train_s = time.perf_counter() - start
+    calls = benchmark_calls(folders, progress=progress)
+    atomic_write(root / "calls.jsonl", lambda p: p.write_text("".join(json.dumps(c.to_dict()) + "\n"
+                                                                      for c in calls)))
+    regimes = [_regime_facts(f) for f in folders]
+    result = {"benchmark": {**bench.to_dict(), "quick": quick, "regimes": [r["name"] for r in regimes],
+                            "runs": sum(r["runs"] for r in regimes),
+                            "configurations": len({(c.regime, c.config) for c in calls}),
+                            "calls": {k: sum(c.call == k for c in calls) for k in KINDS},
+                            "seconds": round(time.perf_counter() - start, 1), "train_seconds": round(train_s, 1),
+                            "run_seconds": round(sum(_run_seconds(f) for f in folders), 1),
+                            "versions": versions(), "git_commit": git_commit(),
+                            "command": calibrate_command(quick, corpora, scales, seeds, steps, jobs, out)},
+              "regimes": regimes, **analyse(calls, regimes)}
+    write_json(root / "calibration.json", result)
+    atomic_write(root / "report.md", lambda p: p.write_text(calibration_text(result, markdown=True)))
+    if write_thresholds:
+        write_json(SHIPPED, {k: result[k] for k in ("benchmark", "regimes", "thresholds", "reliability")})
+    return result
+
+
+def calibrate_command(quick, corpora, scales, seeds, steps, jobs, out) -> str:
+    parts = ["plelab", "calibrate", "--out", str(out)] + (["--quick"] if quick else [])
+    parts += [x for n, p in (corpora or {}).items() for x in ("--corpus", f"{n}={p}")]
+    parts += ["--scales", ",".join(scales)] if scales else []
+    parts += ["--seeds", str(seeds)] if seeds is not None else []
+    parts += ["--steps", str(steps)] if steps is not None else []
+    return " ".join(parts + (["--jobs", str(jobs)] if jobs > 1 else []))
+
+
+__all__ = ["SCALES", "calibrate", "analyse"]

@@ -1,0 +1,186 @@
+"""What each call reads at each decision point, and what is true of it (from the finished runs).
+
+One :class:`Call` is one verdict a user would get: LEARNED from a pair of seeds' tables, USED and BENEFIT from
+one run, at one checkpoint. Its ``score`` is the verdict's statistic in units of its own null:
+
+- LEARNED: z = (CKA − null mean) / null sd of the two seeds' Δ = W_t − W_0 (:func:`cka_against_null`: rows of
+  similar frequency shuffled); a table that never moved (frozen, gate held at 0) has Δ = 0 and z = 0;
+- USED and BENEFIT: z = Δ_permute / se, the paired validation-loss cost of shuffling the rows among rows of
+  similar frequency, over the checkpoint's validation windows (the trainer's use test); Δ = se = 0 gives 0.
+
+BENEFIT's baselines (``baselines``), the obvious competitors from the same checkpoints: the early paired loss Δ
+against the zero-table and i.i.d.-id arms of the same seed (the worse of the two, negated: higher = better),
+and the early loss slope difference over the second half of the run so far (likewise).
+
+The truth of a USED or BENEFIT call is read from the *other* seeds' final checkpoints (:mod:`.truth`), so that
+the call and its truth share no run; LEARNED's is the class's construction.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from plelab.calibration.benchmark import DECISIONS, LEARNED_BY_CLASS
+from plelab.calibration.truth import benefit_truth, used_truth
+from plelab.diagnostics.agreement import cka_against_null
+from plelab.diagnostics.diagnose import RunTable
+from plelab.diagnostics.tables import find_table
+from plelab.errors import PlelabError
+from plelab.runs import prepare_data
+from plelab.sweeps.results import checkpoint_path
+from plelab.sweeps.runner import RunJob, jobs_of, run_state
+from plelab.sweeps.spec import load_spec
+
+LAST_K = 3  # a run's final loss: the mean of its last 3 evaluations (the sweeps' rule)
+
+
+@dataclass
+class Call:
+    call: str  # LEARNED | USED | BENEFIT
+    regime: str
+    scale: str
+    corpus: str
+    config: str  # the arm: class-dp{d}
+    cls: str
+    dim: int
+    seeds: list[int]
+    step: int
+    fraction: float
+    tokens: int
+    tokens_per_row: float
+    score: float
+    truth: bool | None  # None: the finished runs do not decide it (counted, never scored)
+    truth_reason: str = ""
+    baselines: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Run:
+    job: RunJob
+    use: dict[int, tuple[float, float]]  # step -> (Δ_permute, se)
+    val: dict[int, float]  # step -> validation loss (the same windows for every arm of a seed: paired)
+    history: list[tuple[int, float]]
+    final: float
+
+
+def _z(delta: float, se: float) -> float:
+    if se > 0:
+        return delta / se
+    return 0.0 if delta == 0 else float(np.sign(delta)) * 1e6
+
+
+def _read_run(job: RunJob, steps: list[int]) -> _Run:
+    rows = [json.loads(line) for line in (job.path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    history = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    val = dict(history)
+    missing = [s for s in steps if s not in val]
+    if missing:
+        raise PlelabError(f"{job.path}: no evaluation at step {missing[0]} in metrics.jsonl; delete that run folder "
+                          "and rerun plelab calibrate to redo it")
+    use = {}
+    if job.cfg.ple.table == "zero":
+        return _Run(job, use, val, history, float(np.mean([v for _, v in history[-LAST_K:]])))
+    for step in steps:
+        path = checkpoint_path(job.path, step) / "diagnostics.json"
+        try:
+            diag = json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise PlelabError(f"{path} is missing or unreadable; delete {job.path} and rerun plelab calibrate to "
+                              "redo that run") from None
+        perm = (diag.get("use") or {}).get("permute")
+        if perm is not None:
+            use[step] = (float(perm["delta"]), float(perm["se"]))
+    return _Run(job, use, val, history, float(np.mean([v for _, v in history[-LAST_K:]])))
+
+
+def _slope(history: list[tuple[int, float]], step: int) -> float:
+    """Least-squares slope (nats per 1,000 steps) of the validation loss over evaluations in (step/2, step]."""
+    pts = [(s, v) for s, v in history if step / 2 < s <= step]
+    if len(pts) < 2:
+        return 0.0
+    s, v = np.array(pts, dtype=np.float64).T
+    return float(np.polyfit(s / 1000, v, 1)[0])
+
+
+def _structure(runs: list[_Run], step: int, data) -> list[tuple[int, int, float]]:
+    """``(seed_a, seed_b, z)`` for cyclic seed pairs of one configuration at ``step``."""
+    cfg = runs[0].job.cfg
+    seeds = [r.job.seed for r in runs]
+    pairs = [(seeds[i], seeds[(i + 1) % len(seeds)]) for i in range(len(seeds))]
+    if cfg.ple.table != "learned" or not cfg.ple.gate_learn and cfg.ple.gate_init == 0:
+        return [(a, b, 0.0) for a, b in pairs]  # Δ = 0 by construction: nothing moved, nothing to agree on
+    tables = {r.job.seed: RunTable(find_table(checkpoint_path(r.job.path, step)), data) for r in runs}
+    out = []
+    for a, b in pairs:
+        ta, tb = tables[a], tables[b]
+        both = (ta.counts > 0) & (tb.counts > 0)
+        res = cka_against_null(ta.delta[both].flatten(1), tb.delta[both].flatten(1), ta.counts[both], seed=a)
+        out.append((a, b, (res["cka"] - res["null_mean"]) / res["null_sd"] if res["null_sd"] > 0 else 0.0))
+    return out
+
+
+def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
+    """Every call of one regime folder (``plelab calibrate``'s ``{scale}-{corpus}``) at every decision point."""
+    spec = load_spec(folder)
+    if spec is None or spec.kind != "calibrate":
+        raise PlelabError(f"{folder} is not a plelab calibrate regime (no sweep.json of kind 'calibrate')")
+    jobs = jobs_of(folder, spec)
+    unfinished = [j.name for j in jobs if run_state(j) != "done"]
+    if unfinished:
+        raise PlelabError(f"{folder}: {len(unfinished)} runs are not finished (e.g. {unfinished[0]}); rerun plelab "
+                          "calibrate with the same --out to finish them")
+    scale, _, corpus = folder.name.partition("-")
+    every = spec.steps // DECISIONS
+    steps = [every * k for k in range(1, DECISIONS + 1)]
+    data = prepare_data(jobs[0].cfg, progress=False)
+    by_arm: dict[str, list[_Run]] = {}
+    for job in jobs:
+        by_arm.setdefault(job.arm.name, []).append(_read_run(job, steps))
+    cfg = jobs[0].cfg
+    vp = cfg.ple.resolved_vocab_size(cfg.model)
+    per_step = cfg.train.batch_size * cfg.train.seq_len
+    calls: list[Call] = []
+    bar = tqdm(total=len(by_arm) * len(steps), desc=f"calls {folder.name}", disable=not progress, leave=False)
+    for arm_name, runs in by_arm.items():
+        arm = runs[0].job.arm
+        if arm.family == "zero":
+            bar.update(len(steps))
+            continue
+        d = int(arm.x)
+        refs = {r: {x.job.seed: x for x in by_arm[f"{r}-dp{d}"]} for r in ("zero", "iid")}
+
+        def call(kind: str, seeds: list[int], step: int, score: float, truth, reason: str, base=None) -> Call:
+            return Call(kind, folder.name, scale, corpus, arm_name, arm.family, d, seeds, step, step / spec.steps,
+                        step * per_step, step * per_step / vp, float(score), truth, reason, base or {})
+
+        finals = {r.job.seed: r for r in runs}
+        for step in steps:
+            for a, b, z in _structure(runs, step, data):
+                calls.append(call("LEARNED", [a, b], step, z, LEARNED_BY_CLASS[arm.family], "by construction"))
+            for r in runs:
+                s = r.job.seed
+                others = [x for x in finals if x != s]
+                z = _z(*r.use.get(step, (0.0, 0.0)))
+                truth, why = used_truth([finals[o].use.get(spec.steps, (0.0, 0.0)) for o in others])
+                calls.append(call("USED", [s], step, z, truth, why))
+                truth, why = benefit_truth([finals[o].final for o in others],
+                                           {k: [refs[k][o].final for o in others] for k in refs})
+                early = max(r.val[step] - refs[k][s].val[step] for k in refs)
+                slope = max(_slope(r.history, step) - _slope(refs[k][s].history, step) for k in refs)
+                calls.append(call("BENEFIT", [s], step, z, truth, why,
+                                  {"early paired Δ": -early, "early loss slope": -slope}))
+            bar.update(1)
+    bar.close()
+    return calls
+
+
+def benchmark_calls(folders: list[Path], progress: bool = True) -> list[Call]:
+    return [c for f in folders for c in regime_calls(Path(f), progress)]

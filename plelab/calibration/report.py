@@ -1,0 +1,102 @@
+"""The calibration's numbers as text: the benchmark's size, each call's held-out error rates with bounds and
+coverage over the decision points, the baselines BENEFIT must beat, and whether it beats them."""
+
+from __future__ import annotations
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _row(p: dict) -> list[str]:
+    auc = "—" if p["auroc"] is None else f"{p['auroc']:.3f}"
+    return [f"{p['fraction']:.3f}", f"{p['tokens']:,}", f"{p['tokens_per_row']:.0f}", f"{p['calls']}",
+            _pct(p["coverage"]), f"{p['false_positives']}/{p['negatives']} (≤{_pct(p['fp_upper'])})",
+            f"{p['false_negatives']}/{p['positives']} (≤{_pct(p['fn_upper'])})",
+            f"{p['wrong']}/{p['decided']} (≤{_pct(p['wrong_upper'])})",
+            f"{p['wrong_configurations']}/{p['configurations']}", f"{p['truth_undecided']}", auc]
+
+
+HEAD = ["fraction", "tokens", "tokens/row", "calls", "coverage", "false pos. (95% ub)", "false neg. (95% ub)",
+        "wrong of decided (95% ub)", "configs wrong", "truth open", "AUROC"]
+
+
+def _table(points: list[dict], markdown: bool) -> list[str]:
+    rows = [HEAD, *(_row(p) for p in points)]
+    if markdown:
+        return ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(HEAD),
+                *("| " + " | ".join(r) + " |" for r in rows[1:])]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEAD))]
+    return ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows]
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _beats(result: dict) -> list[str]:
+    """Does the verdict's BENEFIT call beat each baseline, decision point by decision point (held out by
+    configuration)? Better = fewer wrong calls at no less coverage, or more coverage at no more wrong calls."""
+    mine = result["curves"]["BENEFIT"].get("configuration", [])
+    out = []
+    for name, curves in result["baselines"].items():
+        base = curves.get("configuration", [])
+        wins = losses = 0
+        for a, b in zip(mine, base):
+            if (a["wrong"] <= b["wrong"] and a["decided"] >= b["decided"]) and (a["wrong"], -a["decided"]) != (
+                    b["wrong"], -b["decided"]):
+                wins += 1
+            elif (b["wrong"] <= a["wrong"] and b["decided"] >= a["decided"]) and (b["wrong"], -b["decided"]) != (
+                    a["wrong"], -a["decided"]):
+                losses += 1
+        auc_v = [p["auroc"] for p in mine if p["auroc"] is not None]
+        auc_b = [p["auroc"] for p in base if p["auroc"] is not None]
+        verdict = ("not compared: no BENEFIT call has a truth the finished runs decide" if not auc_v else
+                   "the verdict beats it" if wins > losses and losses == 0 else
+                   "the verdict does NOT beat it" if losses >= wins else "mixed")
+        out.append(f"BENEFIT vs baseline '{name}': better at {wins}, worse at {losses} of {len(mine)} decision points "
+                   f"(mean AUROC {_mean(auc_v):.3f} vs {_mean(auc_b):.3f}): {verdict}")
+    return out
+
+
+def calibration_text(result: dict, markdown: bool = False) -> str:
+    b = result["benchmark"]
+    lines = [("# " if markdown else "") + ("Calibration (quick pipeline check)" if b["quick"] else "Calibration"),
+             "",
+             f"{b['runs']} runs in {len(b['regimes'])} regimes ({', '.join(b['regimes'])}), {b['configurations']} "
+             f"called configurations, {b['seeds']} seeds, {b['steps']} steps each; calls: "
+             + ", ".join(f"{k} {v}" for k, v in b["calls"].items())
+             + f"; this invocation {b['seconds']:.0f} s ({b['train_seconds']:.0f} s of it training) on "
+             f"{b['versions'].get('cpu', '?')}.",
+             f"Training the runs took {b['run_seconds'] / 60:.1f} minutes of run wall time in all (summed over runs).",
+             f"Command: `{b['command']}`",
+             "Scored calls have a truth the finished runs decide; 'truth open' calls (the held-out seeds' finals "
+             "decide neither way) are counted and never scored.", ""]
+    if b["quick"]:
+        lines += ["A pipeline check on a tiny benchmark: its rates are not the verdict's reliability.", ""]
+    for kind, schemes in result["curves"].items():
+        for scheme, points in schemes.items():
+            lines += [("## " if markdown else "") + f"{kind}: held out by {scheme}", "", *_table(points, markdown), ""]
+        if kind in result["earliest"]:
+            for level, p in result["earliest"][kind].items():
+                bound = {"goal": "10%", "stretch": "5%"}[level]
+                lines.append(f"{kind}: earliest decision point with ≤ {bound} wrong calls (95% upper bound, held out "
+                             "by configuration): " + ("none in this benchmark" if p is None else
+                                                      f"{p['fraction']:.3f} of the run ({p['tokens']:,} tokens, "
+                                                      f"{p['tokens_per_row']:.0f} per table row), coverage "
+                                                      f"{_pct(p['coverage'])}"))
+        lines.append("")
+    for name, schemes in result["baselines"].items():
+        if "configuration" in schemes:
+            lines += [("## " if markdown else "") + f"Baseline for BENEFIT: {name} (held out by configuration)", "",
+                      *_table(schemes["configuration"], markdown), ""]
+    lines += _beats(result)
+    iid = []
+    for kind, schemes in result["curves"].items():
+        pts = schemes.get("configuration", [])
+        hits = sum(p["positive_by_class"].get("iid", [0, 0])[0] for p in pts)
+        total = sum(p["positive_by_class"].get("iid", [0, 0])[1] for p in pts)
+        iid.append(f"{kind} {hits} of {total}")
+    lines.append("i.i.d.-id tables called positive (held out by configuration, all decision points): " + ", ".join(iid))
+    lines += ["", *result["notes"]]
+    return "\n".join(lines).rstrip() + "\n"
