@@ -9,6 +9,7 @@ import pytest
 
 from plelab.calibration.evaluate import NULL_FLOOR, auroc, decide, fit_thresholds, held_out, upper_bound
 from plelab.calibration.features import Call
+from plelab.calibration.planted import planted_tokens, write_planted
 from plelab.calibration.truth import benefit_truth, used_truth
 from plelab.cli import main
 from plelab.config import resolve_config
@@ -144,3 +145,28 @@ def test_quick_calibration_resumes_and_refuses_what_it_cannot_honour(quick, caps
     assert main(["calibrate", "--quick", "--out", str(tmp_path / "z"), "--seeds", "2"]) == 2
     assert ">= 3 seeds" in capsys.readouterr().err
     assert V.SHIPPED.read_bytes() == before and not (tmp_path / "x").exists()
+
+
+def test_planted_corpus_gives_away_the_next_token(tmp_path):
+    ids = planted_tokens(tokens=50_000, vocab=64, seed=3)
+    assert ids.dtype == np.uint16 and ids.max() < 64 and (ids == planted_tokens(tokens=50_000, vocab=64, seed=3)).all()
+    # each key's most frequent successor is its value: a row-specific rule, ~p of the time
+    pairs = np.zeros((64, 64), dtype=np.int64)
+    np.add.at(pairs, (ids[:-1], ids[1:]), 1)
+    top = pairs.max(1) / np.maximum(pairs.sum(1), 1)
+    assert (top > 0.7).sum() >= 28 and (top < 0.3).sum() >= 28  # half the ids are keys, the rest are not
+    path = write_planted(tmp_path / "c" / "planted.npy", vocab=64)
+    assert np.load(path).shape == (1 << 21,) and write_planted(path, vocab=64) == path
+
+
+def test_monitor_records_where_its_checkpoints_sit(tmp_path):
+    import plelab
+
+    cfg = resolve_config("cpu-tiny")
+    model = build_model(cfg.model, cfg.ple, seed=0)
+    with pytest.raises(plelab.PlelabError, match="total_steps"):
+        plelab.Monitor(model, tmp_path / "bad", total_steps=0)
+    with plelab.Monitor(model, tmp_path / "m", every=0, total_steps=40):
+        pass
+    saved = json.loads((tmp_path / "m" / "monitor.json").read_text())
+    assert saved["total_steps"] == 40 and saved["hidden_size"] == cfg.model.hidden_size

@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from plelab.calibration.benchmark import DECISIONS, QUICK, SCALES, Benchmark, run_benchmark
+from plelab.calibration.benchmark import DECISIONS, PRESET, QUICK, SCALES, Benchmark, run_benchmark
 from plelab.calibration.evaluate import (
     GOAL,
     SCHEMES,
@@ -23,6 +23,7 @@ from plelab.calibration.evaluate import (
     time_curve,
 )
 from plelab.calibration.features import Call, benchmark_calls
+from plelab.calibration.planted import write_planted
 from plelab.calibration.report import calibration_text
 from plelab.config import resolve_config
 from plelab.diagnostics.verdict import SHIPPED
@@ -88,10 +89,11 @@ def analyse(calls: list[Call], regimes: list[dict]) -> dict:
 
 
 def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: dict[str, str] | None = None,
-              scales: list[str] | None = None, seeds: int | None = None, steps: int | None = None,
-              write_thresholds: bool = False, progress: bool = True) -> dict:
+              planted: bool = False, scales: list[str] | None = None, seeds: int | None = None,
+              steps: int | None = None, write_thresholds: bool = False, progress: bool = True) -> dict:
     """Run (or resume) the benchmark in ``out`` and measure the verdict on it; return ``calibration.json``'s
-    content. ``corpora``: extra corpora, name -> text file or folder (the embedded corpus is always one)."""
+    content. ``corpora``: extra corpora, name -> text file or folder (the embedded corpus is always one);
+    ``planted``: also the planted corpus (:mod:`plelab.calibration.planted`, written to ``out/corpora``)."""
     if quick and write_thresholds:
         raise ConfigError("--quick is a pipeline check on a tiny benchmark: it never rewrites the shipped "
                           "thresholds; drop --write-thresholds (or --quick)")
@@ -105,13 +107,16 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
     if steps is not None:
         bench.steps = steps
     for name, path in (corpora or {}).items():
-        if name == "embedded":
-            raise ConfigError("corpus name 'embedded' is the built-in corpus; give yours another name")
+        if name in ("embedded", "planted"):
+            raise ConfigError(f"corpus name {name!r} is a built-in corpus; give yours another name")
         if not Path(path).exists():
             raise ConfigError(f"--corpus {name}={path}: no such file or folder; make it first (README: calibration)")
         bench.corpora[name] = [f"data.path={Path(path).resolve()}"]
     bench.validate()
     root = ensure_dir(out)
+    if planted:
+        path = write_planted(root / "corpora" / "planted.npy", vocab=resolve_config(PRESET).model.vocab_size)
+        bench.corpora["planted"] = [f"data.path={path.resolve()}"]
     start = time.perf_counter()
     folders = run_benchmark(root, bench, jobs=jobs, progress=progress)
     train_s = time.perf_counter() - start
@@ -126,7 +131,7 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
                             "seconds": round(time.perf_counter() - start, 1), "train_seconds": round(train_s, 1),
                             "run_seconds": round(sum(_run_seconds(f) for f in folders), 1),
                             "versions": versions(), "git_commit": git_commit(),
-                            "command": calibrate_command(quick, corpora, scales, seeds, steps, jobs, out)},
+                            "command": calibrate_command(quick, corpora, planted, scales, seeds, steps, jobs, out)},
               "regimes": regimes, **analyse(calls, regimes)}
     write_json(root / "calibration.json", result)
     atomic_write(root / "report.md", lambda p: p.write_text(calibration_text(result, markdown=True)))
@@ -135,9 +140,10 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
     return result
 
 
-def calibrate_command(quick, corpora, scales, seeds, steps, jobs, out) -> str:
+def calibrate_command(quick, corpora, planted, scales, seeds, steps, jobs, out) -> str:
     parts = ["plelab", "calibrate", "--out", str(out)] + (["--quick"] if quick else [])
     parts += [x for n, p in (corpora or {}).items() for x in ("--corpus", f"{n}={p}")]
+    parts += ["--planted"] if planted else []
     parts += ["--scales", ",".join(scales)] if scales else []
     parts += ["--seeds", str(seeds)] if seeds is not None else []
     parts += ["--steps", str(steps)] if steps is not None else []

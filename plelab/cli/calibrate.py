@@ -25,7 +25,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     corpora = dict(args.corpus or [])
     if len(corpora) != len(args.corpus or []):
         raise ConfigError("--corpus names a corpus twice; give each corpus one NAME")
-    result = calibrate(args.out, quick=args.quick, jobs=args.jobs, corpora=corpora, scales=args.scales,
+    result = calibrate(args.out, quick=args.quick, jobs=args.jobs, corpora=corpora, planted=args.planted,
+                       scales=args.scales,
                        seeds=args.seeds, steps=args.steps, write_thresholds=args.write_thresholds,
                        progress=not args.no_progress)
     print(json.dumps(json_safe(result), indent=1) if args.json else calibration_text(result))
@@ -41,6 +42,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--corpus", type=corpus, action="append", metavar="NAME=PATH",
                    help="another corpus besides the embedded one (repeatable; e.g. kjv=kjv.txt from "
                         "scripts/kjv_corpus.sh)")
+    p.add_argument("--planted", action="store_true",
+                   help="also the planted corpus: token ids whose identity gives away the token two later "
+                        "(generated into OUT/corpora; LEARNED's truth known by construction)")
     p.add_argument("--scales", type=names("--scales"), help=f"model scales (default all: {', '.join(SCALES)})")
     p.add_argument("--seeds", type=int, help="seeds per configuration (default 4; 3 with --quick; >= 3)")
     p.add_argument("--steps", type=int, help="steps per run, a multiple of 8 (default 320; 128 with --quick)")
