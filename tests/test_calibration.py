@@ -55,8 +55,9 @@ def test_held_out_rates_count_errors_coverage_and_classes():
              _call("n1", 0.0, False, "iid"), _call("n2", 1.0, False, "iid"), _call("n3", 25.0, False, "frozen"),
              _call("u1", 50.0, None, "slow")]
     r = held_out(calls, "configuration").to_dict()
-    # n3 is called with thresholds from the others (cut 4.0 vs max negative 1 -> floor 3.58 .. min positive 4):
-    # it scores above them -> a false positive; p3 held out: max neg 25 -> hi 25, lo 20 -> 4 < 20: false negative
+    # n3 held out: the others separate (negatives <= 1, positives >= 4), one cut at max(2.5, floor 3.58); n3 scores
+    # 25 -> a false positive. p3 held out: negatives reach 25 (n3), positives start at 20 -> UNDECIDED in [20, 25];
+    # p3 scores 4 < 20 -> a false negative
     assert r["false_positives"] == 1 and r["fp_by_class"]["frozen"] == [1, 1] and r["fp_by_class"]["iid"] == [0, 2]
     assert r["false_negatives"] == 1 and r["calls"] == 6 and r["truth_undecided"] == 1
     assert r["positive_by_class"]["slow"][1] == 1 and r["wrong_configurations"] == 2

@@ -52,7 +52,7 @@ def _regime_facts(folder: Path) -> dict:
     return {"name": folder.name, "scale": scale, "corpus": corpus, "hidden_size": cfg.model.hidden_size,
             "layers": cfg.model.num_hidden_layers, "rows": rows,
             "dims": sorted({int(a.x) for a in spec.arms}), "steps": spec.steps, "seeds": len(spec.seeds),
-            "tokens_per_step": cfg.train.batch_size * cfg.train.seq_len, "runs": len(spec.arms) * len(spec.seeds),
+            "tokens_per_step": per_step, "runs": len(spec.arms) * len(spec.seeds),
             "tokens_per_row": [spec.steps // DECISIONS * per_step / rows, spec.steps * per_step / rows]}
 
 
@@ -99,7 +99,7 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
                           "thresholds; drop --write-thresholds (or --quick)")
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
-    bench = Benchmark(**{**QUICK.to_dict()}) if quick else Benchmark()
+    bench = Benchmark(**QUICK.to_dict()) if quick else Benchmark()
     if scales:
         bench.scales = list(scales)
     if seeds is not None:

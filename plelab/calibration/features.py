@@ -30,6 +30,7 @@ from plelab.calibration.truth import benefit_truth, used_truth
 from plelab.diagnostics.agreement import cka_against_null
 from plelab.diagnostics.diagnose import RunTable
 from plelab.diagnostics.tables import find_table
+from plelab.diagnostics.verdict import use_z
 from plelab.errors import PlelabError
 from plelab.runs import prepare_data
 from plelab.sweeps.results import checkpoint_path
@@ -71,12 +72,6 @@ class _Run:
     final: float
 
 
-def _z(delta: float, se: float) -> float:
-    if se > 0:
-        return delta / se
-    return 0.0 if delta == 0 else float(np.sign(delta)) * 1e6
-
-
 def _read_run(job: RunJob, steps: list[int]) -> _Run:
     rows = [json.loads(line) for line in (job.path / "metrics.jsonl").read_text().splitlines() if line.strip()]
     history = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
@@ -115,7 +110,7 @@ def _structure(runs: list[_Run], step: int, data) -> list[tuple[int, int, float]
     cfg = runs[0].job.cfg
     seeds = [r.job.seed for r in runs]
     pairs = [(seeds[i], seeds[(i + 1) % len(seeds)]) for i in range(len(seeds))]
-    if cfg.ple.table != "learned" or not cfg.ple.gate_learn and cfg.ple.gate_init == 0:
+    if cfg.ple.table != "learned" or (not cfg.ple.gate_learn and cfg.ple.gate_init == 0):
         return [(a, b, 0.0) for a, b in pairs]  # Δ = 0 by construction: nothing moved, nothing to agree on
     tables = {r.job.seed: RunTable(find_table(checkpoint_path(r.job.path, step)), data) for r in runs}
     out = []
@@ -162,17 +157,21 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
                         step * per_step, step * per_step / vp, float(score), truth, reason, base or {})
 
         finals = {r.job.seed: r for r in runs}
+        truths = {}  # seed -> the USED and BENEFIT truths read off the other seeds' finals
+        for s in finals:
+            others = [x for x in finals if x != s]
+            truths[s] = (used_truth([finals[o].use.get(spec.steps, (0.0, 0.0)) for o in others]),
+                         benefit_truth([finals[o].final for o in others],
+                                       {k: [refs[k][o].final for o in others] for k in refs}))
         for step in steps:
             for a, b, z in _structure(runs, step, data):
                 calls.append(call("LEARNED", [a, b], step, z, LEARNED_BY_CLASS[arm.family], "by construction"))
             for r in runs:
                 s = r.job.seed
-                others = [x for x in finals if x != s]
-                z = _z(*r.use.get(step, (0.0, 0.0)))
-                truth, why = used_truth([finals[o].use.get(spec.steps, (0.0, 0.0)) for o in others])
+                z = use_z(*r.use.get(step, (0.0, 0.0)))
+                (truth, why), benefit = truths[s]
                 calls.append(call("USED", [s], step, z, truth, why))
-                truth, why = benefit_truth([finals[o].final for o in others],
-                                           {k: [refs[k][o].final for o in others] for k in refs})
+                truth, why = benefit
                 early = max(r.val[step] - refs[k][s].val[step] for k in refs)
                 slope = max(_slope(r.history, step) - _slope(refs[k][s].history, step) for k in refs)
                 calls.append(call("BENEFIT", [s], step, z, truth, why,

@@ -104,9 +104,7 @@ def structure_verdict(cka: float | None, null_mean: float | None, null_sd: float
     reason = f"cross-seed CKA of Δ {cka:.3f} vs permutation null {null_mean:.3f}±{null_sd:.3f}: {why}"
     if null_run_cka is not None:
         reason += f"; matched null-run pair {null_run_cka:.3f}"
-        if word == LEARNED and cka <= null_run_cka:
-            word = UNDECIDED
-        elif cka <= null_run_cka:
+        if cka <= null_run_cka:
             word = NOT_DIST
     else:
         reason += " (frequency-only agreement excluded up to a smooth function of log-frequency; "\
@@ -150,7 +148,7 @@ RANGE_FACTOR = {"hidden size": 2.0, "table rows": 4.0, "dP": 2.0, "tokens per ro
 
 
 def verdict_reliability(hidden_size: int | None, rows: int | None, dim: int | None, fraction: float | None,
-                tokens_per_row: float | None) -> list[str]:
+                        tokens_per_row: float | None) -> list[str]:
     """How often each call was wrong, held out by configuration, in the benchmark regimes nearest this model, at
     the decision point nearest ``fraction``; or why the model is outside the calibrated range (then the rates do
     not apply). Unknown facts (None) put a model outside: a checkpoint plelab did not train has no run length."""

@@ -56,8 +56,7 @@ def _run_verdict(run, when: str) -> tuple[str, str] | None:
     cs = run.structure.get(when, {})
     if not diag and not cs:
         return None
-    steps = len(run.val_history) and run.val_history[-1][0]
-    fraction = (run.early_step / steps if steps else None) if when == "early" else 1.0
+    fraction = (run.early_step / run.steps if run.steps else None) if when == "early" else 1.0
     v = verdict(cs.get("cka"), cs.get("null_mean"), cs.get("null_sd"), delta=diag.get("delta"), se=diag.get("se"),
                 fraction=fraction)
     return v.structure, ("not tested" if "skipped" in diag else v.use)

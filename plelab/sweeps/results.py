@@ -45,6 +45,7 @@ class RunResult:
     final_diag: dict = field(default_factory=dict)  # use test at the final checkpoint
     early_diag: dict = field(default_factory=dict)
     early_step: int = 0
+    steps: int = 0  # the run's planned length (train.steps; 0: unknown)
     occurrences: dict = field(default_factory=dict)
     structure: dict = field(default_factory=dict)  # {"early": {...}, "final": {...}} cross-seed CKA vs null
     visual: dict = field(default_factory=dict)  # a visual run's caption report and ID metrics (summary.json)
@@ -131,7 +132,8 @@ def read_run(job: RunJob, last_k: int) -> RunResult:
         arm=job.arm.name, seed=job.seed, loss=float(np.mean([v for _, v in vals[-last_k:]])), val_history=vals,
         train_curve=[(r["step"], r["loss"]) for r in rows if "loss" in r], tokens_seen=tokens,
         wall_seconds=wall, tokens_per_second=tps,
-        signal=_signal(diag_rows[-1] if diag_rows else None), early_step=early, visual=summary.get("visual", {}))
+        signal=_signal(diag_rows[-1] if diag_rows else None), early_step=early, steps=tc.steps,
+        visual=summary.get("visual", {}))
     if job.cfg.ple.enabled:
         final = checkpoint_path(job.path, tc.steps)
         result.final_diag = _use(final)
