@@ -98,6 +98,11 @@ def test_shipped_thresholds_and_reliability():
     assert [line.split(" ")[0] for line in near] == ["LEARNED", "USED", "BENEFIT"]
     assert all("held-out calls (95% upper bound" in line for line in near)
     assert V.verdict_reliability(reg["hidden_size"], reg["rows"], reg["dims"][-1], None, 50.0)[0].startswith("outside")
+    # the use test's window count is part of the regime: another count is said, the calibrated one is not
+    assert V.calibrated_windows() == cal["benchmark"]["windows"] == 64
+    fewer = V.verdict_reliability(reg["hidden_size"], reg["rows"], reg["dims"][-1], 0.5, 50.0, windows=32)
+    assert len(fewer) == 4 and "ran on 32 validation windows" in fewer[-1] and "decide less often" in fewer[-1]
+    assert V.verdict_reliability(reg["hidden_size"], reg["rows"], reg["dims"][-1], 0.5, 50.0, windows=64) == near
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +138,16 @@ def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
     assert "pipeline check" in report and "Baseline for BENEFIT: early paired Δ" in report
     assert "leave-one-corpus-out needs >= 2" in report
     assert "i.i.d.-id tables called positive (held out by configuration, all decision points): LEARNED 0 of" in report
+    # LEARNED per frequency stratum: each half of the rows against its own null, thresholds fitted per stratum
+    assert b["windows"] == 64 and result["planted"] is None
+    learned = [c for c in calls if c["call"] == "LEARNED"]
+    assert all(set(c["strata"]) == {"frequent", "rare"} for c in learned)
+    assert all(c["strata"] == {"frequent": 0.0, "rare": 0.0} for c in learned if c["cls"] in ("frozen", "gate0"))
+    assert {c["strata"]["frequent"] for c in learned if c["cls"] == "real"} != {c["score"] for c in learned
+                                                                                 if c["cls"] == "real"}
+    for name in ("frequent", "rare"):
+        assert len(result["strata"][name]["curve"]) == 8
+        assert f"LEARNED on the {name} half of the rows only" in report
 
 
 def test_quick_calibration_resumes_and_refuses_what_it_cannot_honour(quick, capsys, tmp_path):
@@ -160,6 +175,21 @@ def test_planted_corpus_gives_away_the_next_token(tmp_path):
     assert np.load(path).shape == (1 << 21,) and write_planted(path, vocab=64) == path
 
 
+def test_planted_check_counts_the_runs_truth_against_the_construction():
+    from plelab.calibration.commands import planted_check
+
+    def benefit(cls, truth, corpus="planted", fraction=1.0):
+        c = _call(f"{cls}-dp16", 1.0, truth, cls, corpus)
+        c.call, c.fraction = "BENEFIT", fraction
+        return c
+
+    calls = [benefit("real", True), benefit("scalar", None), benefit("real", False), benefit("iid", False),
+             benefit("real", True, fraction=0.5), benefit("real", False, corpus="kjv")]
+    assert planted_check(calls) == {"calls": 3, "benefit": 1, "no_benefit": 1, "open": 1,
+                                    "configurations": ["s-planted/real-dp16", "s-planted/scalar-dp16"]}
+    assert planted_check(calls[3:]) is None
+
+
 def test_monitor_records_where_its_checkpoints_sit(tmp_path):
     import plelab
 
@@ -171,3 +201,32 @@ def test_monitor_records_where_its_checkpoints_sit(tmp_path):
         pass
     saved = json.loads((tmp_path / "m" / "monitor.json").read_text())
     assert saved["total_steps"] == 40 and saved["hidden_size"] == cfg.model.hidden_size
+
+
+def test_beats_says_where_the_verdict_wins_and_where_neither_dominates():
+    from plelab.calibration.report import _beats
+
+    def point(wrong, decided, auc=0.9):
+        return {"wrong": wrong, "decided": decided, "auroc": auc}
+
+    def result(mine, base):
+        return {"curves": {"BENEFIT": {"configuration": mine}}, "baselines": {"b": {"configuration": base}}}
+
+    verdict = [point(1, 60), point(1, 70)]
+    assert _beats(result(verdict, [point(2, 20), point(2, 30)]))[0].endswith(": the verdict beats it")
+    line = _beats(result(verdict, [point(2, 20), point(2, 130)]))[0]  # more decided, more wrong: no dominance
+    assert "better at 1, worse at 0, neither dominates at 1" in line and "neither dominates elsewhere" in line
+    assert _beats(result(verdict, [point(0, 80), point(1, 70)]))[0].endswith("the verdict does NOT beat it")
+
+
+def test_a_benchmark_folder_may_gain_dims_but_not_change_its_settings():
+    from plelab.calibration.benchmark import Benchmark, extends, regime_spec
+
+    old = regime_spec(Benchmark(dims=[4, 16]), "h32", "embedded")
+    more = regime_spec(Benchmark(dims=[4, 8, 16]), "h32", "embedded")
+    assert extends(old, more) and {a.name for a in old.arms} < {a.name for a in more.arms}
+    assert not extends(old, regime_spec(Benchmark(dims=[4, 16], steps=160), "h32", "embedded"))
+    assert not extends(old, regime_spec(Benchmark(dims=[4, 16]), "h64", "embedded"))
+    changed = regime_spec(Benchmark(dims=[4, 8, 16]), "h32", "embedded")
+    changed.arms[0].overrides = [*changed.arms[0].overrides, "train.lr=1e-3"]  # a finished arm, redefined
+    assert not extends(old, changed)

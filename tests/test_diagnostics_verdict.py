@@ -76,7 +76,7 @@ def test_live_and_checkpoint_diagnostics_were_written(runs):
     assert len(diag[-1]["snr"]) == 2 and all(x > 0 for x in diag[-1]["snr"])
     assert 0 < diag[-1]["rows_touched"] <= 1 and all(g > 0 for g in diag[-1]["grad_table"])
     ck = json.loads((run / "checkpoints" / f"step-{STEPS:06d}" / "diagnostics.json").read_text())
-    perm = ck["use"]["permute"]  # the trainer's use test (32 windows): the calibrated call at the run's end
+    perm = ck["use"]["permute"]  # the trainer's use test: the calibrated call at the run's end
     assert ck["use_verdict"] == use_verdict(perm["delta"], perm["se"], fraction=1.0)[0] != UNUSED
     assert perm["delta"] > 0 and len(ck["layers"]) == 2
 
@@ -86,7 +86,10 @@ def test_diagnose_cli_writes_json_and_plots(runs, tmp_path, capsys):
                  "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "whole table: LEARNED, USED" in out and "cross-seed CKA" in out
-    assert json.loads((tmp_path / "diagnostics.json").read_text())["table"]["verdict"]["use"] == USED
+    saved = json.loads((tmp_path / "diagnostics.json").read_text())
+    assert saved["table"]["verdict"]["use"] == USED
+    assert saved["table"]["use"]["permute"]["windows"] == 64  # the calibrated count: no windows caveat
+    assert not any("validation windows, the benchmark's" in line for line in saved["reliability"])
     for name in ("diagnostics_by_layer.png", "diagnostics_by_step.png"):
         png = (tmp_path / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

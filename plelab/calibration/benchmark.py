@@ -53,7 +53,8 @@ SCALES = {
             "model.num_attention_heads=4", "model.num_key_value_heads=2"],
 }
 # The deterministic recipe every benchmark run shares (fp32: the same losses on every CPU).
-COMMON = ["train.precision=fp32", "train.threads=1", "train.diag_windows=64", "train.eval_batches=8",
+USE_WINDOWS = 64  # validation windows of every use test: the benchmark's, and the verdict's defaults
+COMMON = ["train.precision=fp32", "train.threads=1", f"train.diag_windows={USE_WINDOWS}", "train.eval_batches=8",
           "train.early_checkpoint=0", "train.table_weight_decay=0"]
 
 
@@ -120,6 +121,14 @@ def regime_spec(bench: Benchmark, scale: str, corpus: str) -> SweepSpec:
                      steps=bench.steps, kind="calibrate", baseline=f"zero-dp{max(bench.dims)}")
 
 
+def extends(old: SweepSpec, new: SweepSpec) -> bool:
+    """May ``new`` continue the regime folder ``old`` was started with? The same shared settings and steps, and
+    every arm both define defined alike; ``new`` may add arms (another dP), so finished runs are kept."""
+    mine = {a.name: a.overrides for a in new.arms}
+    return (old.overrides == new.overrides and old.steps == new.steps
+            and all(mine.get(a.name, a.overrides) == a.overrides for a in old.arms))
+
+
 def run_benchmark(root: str | Path, bench: Benchmark, jobs: int = 1, progress: bool = True, log=print) -> list[Path]:
     """Train (or resume) every regime's runs under ``root``; return the regime folders. A folder that holds
     another definition is refused before anything runs."""
@@ -129,10 +138,9 @@ def run_benchmark(root: str | Path, bench: Benchmark, jobs: int = 1, progress: b
     for name, scale, corpus in bench.regimes():
         spec, folder = regime_spec(bench, scale, corpus), root / name
         old = load_spec(folder)
-        if old is not None and (old.overrides != spec.overrides or old.steps != spec.steps
-                                or [a.overrides for a in old.arms] != [a.overrides for a in spec.arms]):
+        if old is not None and not extends(old, spec):
             raise ConfigError(f"{folder} holds a calibration regime with other settings; choose another --out or "
-                              "rerun with the settings it was started with")
+                              "rerun with the settings it was started with (more --dims or --seeds may be added)")
         if old is not None and len(old.seeds) > len(spec.seeds):
             spec.seeds = old.seeds
         folders.append((folder, spec))

@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from plelab.calibration.benchmark import DECISIONS, PRESET, QUICK, SCALES, Benchmark, run_benchmark
+from plelab.calibration.benchmark import DECISIONS, QUICK, SCALES, USE_WINDOWS, Benchmark, run_benchmark
 from plelab.calibration.evaluate import (
     GOAL,
     SCHEMES,
@@ -22,8 +22,8 @@ from plelab.calibration.evaluate import (
     shipped_thresholds,
     time_curve,
 )
-from plelab.calibration.features import Call, benchmark_calls
-from plelab.calibration.planted import write_planted
+from plelab.calibration.features import STRATA, Call, benchmark_calls
+from plelab.calibration.planted import PLANTED_VOCAB, write_planted
 from plelab.calibration.report import calibration_text
 from plelab.config import resolve_config
 from plelab.diagnostics.verdict import SHIPPED
@@ -84,13 +84,33 @@ def analyse(calls: list[Call], regimes: list[dict]) -> dict:
                 rows.append({"fraction": f, **{k: r[k] for k in ("calls", "decided", "wrong", "wrong_upper",
                                                                    "coverage", "configurations")}})
             reliability.setdefault(kind, {})[reg["name"]] = rows
+    strata = {}
+    for name in STRATA:
+        mine = [c for c in calls if c.call == "LEARNED" and name in c.strata]
+        if len({c.config for c in mine}) > 1:
+            curve = time_curve(mine, "LEARNED", "configuration", lambda c, n=name: c.strata[n])
+            strata[name] = {"curve": curve, "goal": earliest(curve, GOAL), "stretch": earliest(curve, STRETCH)}
     return {"curves": curves, "baselines": baselines, "earliest": first, "reliability": reliability,
-            "thresholds": shipped_thresholds(calls), "notes": notes}
+            "thresholds": shipped_thresholds(calls), "strata": strata, "planted": planted_check(calls),
+            "notes": notes}
+
+
+def planted_check(calls: list[Call]) -> dict | None:
+    """On the planted corpus, real ids (with either gate) benefit by construction: how often the finished runs'
+    BENEFIT truth (read off the other seeds) agrees — a check of the truth itself. None without that corpus."""
+    mine = [c for c in calls if c.call == "BENEFIT" and c.corpus == "planted" and c.cls in ("real", "scalar")
+            and c.fraction == 1.0]
+    if not mine:
+        return None
+    return {"calls": len(mine), "benefit": sum(c.truth is True for c in mine),
+            "no_benefit": sum(c.truth is False for c in mine), "open": sum(c.truth is None for c in mine),
+            "configurations": sorted({c.regime + "/" + c.config for c in mine})}
 
 
 def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: dict[str, str] | None = None,
               planted: bool = False, scales: list[str] | None = None, seeds: int | None = None,
-              steps: int | None = None, write_thresholds: bool = False, progress: bool = True) -> dict:
+              steps: int | None = None, dims: list[int] | None = None, write_thresholds: bool = False,
+              progress: bool = True) -> dict:
     """Run (or resume) the benchmark in ``out`` and measure the verdict on it; return ``calibration.json``'s
     content. ``corpora``: extra corpora, name -> text file or folder (the embedded corpus is always one);
     ``planted``: also the planted corpus (:mod:`plelab.calibration.planted`, written to ``out/corpora``)."""
@@ -106,6 +126,8 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
         bench.seeds = seeds
     if steps is not None:
         bench.steps = steps
+    if dims:
+        bench.dims = list(dims)
     for name, path in (corpora or {}).items():
         if name in ("embedded", "planted"):
             raise ConfigError(f"corpus name {name!r} is a built-in corpus; give yours another name")
@@ -115,8 +137,8 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
     bench.validate()
     root = ensure_dir(out)
     if planted:
-        path = write_planted(root / "corpora" / "planted.npy", vocab=resolve_config(PRESET).model.vocab_size)
-        bench.corpora["planted"] = [f"data.path={path.resolve()}"]
+        path = write_planted(root / "corpora" / f"planted-{PLANTED_VOCAB}.npy", vocab=PLANTED_VOCAB)
+        bench.corpora["planted"] = [f"data.path={path.resolve()}", f"model.vocab_size={PLANTED_VOCAB}"]
     start = time.perf_counter()
     folders = run_benchmark(root, bench, jobs=jobs, progress=progress)
     train_s = time.perf_counter() - start
@@ -124,14 +146,16 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
     atomic_write(root / "calls.jsonl", lambda p: p.write_text("".join(json.dumps(c.to_dict()) + "\n"
                                                                       for c in calls)))
     regimes = [_regime_facts(f) for f in folders]
-    result = {"benchmark": {**bench.to_dict(), "quick": quick, "regimes": [r["name"] for r in regimes],
+    result = {"benchmark": {**bench.to_dict(), "quick": quick, "windows": USE_WINDOWS,
+                            "regimes": [r["name"] for r in regimes],
                             "runs": sum(r["runs"] for r in regimes),
                             "configurations": len({(c.regime, c.config) for c in calls}),
                             "calls": {k: sum(c.call == k for c in calls) for k in KINDS},
                             "seconds": round(time.perf_counter() - start, 1), "train_seconds": round(train_s, 1),
                             "run_seconds": round(sum(_run_seconds(f) for f in folders), 1),
                             "versions": versions(), "git_commit": git_commit(),
-                            "command": calibrate_command(quick, corpora, planted, scales, seeds, steps, jobs, out)},
+                            "command": calibrate_command(quick, corpora, planted, scales, seeds, steps, dims, jobs,
+                                                         out)},
               "regimes": regimes, **analyse(calls, regimes)}
     write_json(root / "calibration.json", result)
     atomic_write(root / "report.md", lambda p: p.write_text(calibration_text(result, markdown=True)))
@@ -140,13 +164,14 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
     return result
 
 
-def calibrate_command(quick, corpora, planted, scales, seeds, steps, jobs, out) -> str:
+def calibrate_command(quick, corpora, planted, scales, seeds, steps, dims, jobs, out) -> str:
     parts = ["plelab", "calibrate", "--out", str(out)] + (["--quick"] if quick else [])
     parts += [x for n, p in (corpora or {}).items() for x in ("--corpus", f"{n}={p}")]
     parts += ["--planted"] if planted else []
     parts += ["--scales", ",".join(scales)] if scales else []
     parts += ["--seeds", str(seeds)] if seeds is not None else []
     parts += ["--steps", str(steps)] if steps is not None else []
+    parts += ["--dims", ",".join(map(str, dims))] if dims else []
     return " ".join(parts + (["--jobs", str(jobs)] if jobs > 1 else []))
 
 

@@ -4,7 +4,9 @@ One :class:`Call` is one verdict a user would get: LEARNED from a pair of seeds'
 one run, at one checkpoint. Its ``score`` is the verdict's statistic in units of its own null:
 
 - LEARNED: z = (CKA − null mean) / null sd of the two seeds' Δ = W_t − W_0 (:func:`cka_against_null`: rows of
-  similar frequency shuffled); a table that never moved (frozen, gate held at 0) has Δ = 0 and z = 0;
+  similar frequency shuffled); a table that never moved (frozen, gate held at 0) has Δ = 0 and z = 0. The same z
+  of each frequency stratum (the rows above and below the median count, each against its own null) is kept in
+  ``strata``, so the report can say whether thresholds per stratum decide differently;
 - USED and BENEFIT: z = Δ_permute / se, the paired validation-loss cost of shuffling the rows among rows of
   similar frequency, over the checkpoint's validation windows (the trainer's use test); Δ = se = 0 gives 0.
 
@@ -38,6 +40,8 @@ from plelab.sweeps.runner import RunJob, jobs_of, run_state
 from plelab.sweeps.spec import load_spec
 
 LAST_K = 3  # a run's final loss: the mean of its last 3 evaluations (the sweeps' rule)
+STRATA = ("frequent", "rare")  # the rows above / at or below the median count of the rows both seeds used
+MIN_STRATUM_ROWS = 8
 
 
 @dataclass
@@ -58,6 +62,7 @@ class Call:
     truth: bool | None  # None: the finished runs do not decide it (counted, never scored)
     truth_reason: str = ""
     baselines: dict[str, float] = field(default_factory=dict)
+    strata: dict[str, float] = field(default_factory=dict)  # LEARNED: the z of each frequency stratum's rows
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -105,20 +110,30 @@ def _slope(history: list[tuple[int, float]], step: int) -> float:
     return float(np.polyfit(s / 1000, v, 1)[0])
 
 
-def _structure(runs: list[_Run], step: int, data) -> list[tuple[int, int, float]]:
-    """``(seed_a, seed_b, z)`` for cyclic seed pairs of one configuration at ``step``."""
+def _cka_z(da, db, counts: np.ndarray, seed: int) -> float:
+    res = cka_against_null(da.flatten(1), db.flatten(1), counts, seed=seed)
+    return (res["cka"] - res["null_mean"]) / res["null_sd"] if res["null_sd"] > 0 else 0.0
+
+
+def _structure(runs: list[_Run], step: int, data) -> list[tuple[int, int, float, dict[str, float]]]:
+    """``(seed_a, seed_b, z, {stratum: z})`` for cyclic seed pairs of one configuration at ``step``; the strata
+    (:data:`STRATA`) split the rows both seeds used at their median count, each with its own null."""
     cfg = runs[0].job.cfg
     seeds = [r.job.seed for r in runs]
     pairs = [(seeds[i], seeds[(i + 1) % len(seeds)]) for i in range(len(seeds))]
     if cfg.ple.table != "learned" or (not cfg.ple.gate_learn and cfg.ple.gate_init == 0):
-        return [(a, b, 0.0) for a, b in pairs]  # Δ = 0 by construction: nothing moved, nothing to agree on
+        # Δ = 0 by construction: nothing moved, nothing to agree on
+        return [(a, b, 0.0, dict.fromkeys(STRATA, 0.0)) for a, b in pairs]
     tables = {r.job.seed: RunTable(find_table(checkpoint_path(r.job.path, step)), data) for r in runs}
     out = []
     for a, b in pairs:
         ta, tb = tables[a], tables[b]
         both = (ta.counts > 0) & (tb.counts > 0)
-        res = cka_against_null(ta.delta[both].flatten(1), tb.delta[both].flatten(1), ta.counts[both], seed=a)
-        out.append((a, b, (res["cka"] - res["null_mean"]) / res["null_sd"] if res["null_sd"] > 0 else 0.0))
+        da, db, counts = ta.delta[both], tb.delta[both], ta.counts[both]
+        frequent = counts > np.median(counts)
+        strata = {name: _cka_z(da[rows], db[rows], counts[rows], a)
+                  for name, rows in zip(STRATA, (frequent, ~frequent)) if rows.sum() >= MIN_STRATUM_ROWS}
+        out.append((a, b, _cka_z(da, db, counts, a), strata))
     return out
 
 
@@ -152,9 +167,11 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
         d = int(arm.x)
         refs = {r: {x.job.seed: x for x in by_arm[f"{r}-dp{d}"]} for r in ("zero", "iid")}
 
-        def call(kind: str, seeds: list[int], step: int, score: float, truth, reason: str, base=None) -> Call:
+        def call(kind: str, seeds: list[int], step: int, score: float, truth, reason: str, base=None,
+                 strata=None) -> Call:
             return Call(kind, folder.name, scale, corpus, arm_name, arm.family, d, seeds, step, step / spec.steps,
-                        step * per_step, step * per_step / vp, float(score), truth, reason, base or {})
+                        step * per_step, step * per_step / vp, float(score), truth, reason, base or {},
+                        strata or {})
 
         finals = {r.job.seed: r for r in runs}
         truths = {}  # seed -> the USED and BENEFIT truths read off the other seeds' finals
@@ -164,8 +181,9 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
                          benefit_truth([finals[o].final for o in others],
                                        {k: [refs[k][o].final for o in others] for k in refs}))
         for step in steps:
-            for a, b, z in _structure(runs, step, data):
-                calls.append(call("LEARNED", [a, b], step, z, LEARNED_BY_CLASS[arm.family], "by construction"))
+            for a, b, z, strata in _structure(runs, step, data):
+                calls.append(call("LEARNED", [a, b], step, z, LEARNED_BY_CLASS[arm.family], "by construction",
+                                  strata=strata))
             for r in runs:
                 s = r.job.seed
                 z = use_z(*r.use.get(step, (0.0, 0.0)))

@@ -51,12 +51,43 @@ def _beats(result: dict) -> list[str]:
                 losses += 1
         auc_v = [p["auroc"] for p in mine if p["auroc"] is not None]
         auc_b = [p["auroc"] for p in base if p["auroc"] is not None]
+        neither = len(mine) - wins - losses
         verdict = ("not compared: no BENEFIT call has a truth the finished runs decide" if not auc_v else
-                   "the verdict beats it" if wins > losses and losses == 0 else
-                   "the verdict does NOT beat it" if losses >= wins else "mixed")
-        out.append(f"BENEFIT vs baseline '{name}': better at {wins}, worse at {losses} of {len(mine)} decision points "
-                   f"(mean AUROC {_mean(auc_v):.3f} vs {_mean(auc_b):.3f}): {verdict}")
+                   "the verdict beats it" if wins > 0 and losses == 0 and neither == 0 else
+                   "the verdict beats it where one dominates, and neither dominates elsewhere" if wins and not losses
+                   else "the verdict does NOT beat it" if losses >= wins else "mixed")
+        out.append(f"BENEFIT vs baseline '{name}': better at {wins}, worse at {losses}, neither dominates at "
+                   f"{neither} of {len(mine)} decision points (mean AUROC {_mean(auc_v):.3f} vs "
+                   f"{_mean(auc_b):.3f}): {verdict}")
     return out
+
+
+def _earliest(what: str, level: str, p: dict | None) -> str:
+    bound = {"goal": "10%", "stretch": "5%"}[level]
+    return (f"{what}: earliest decision point with ≤ {bound} wrong calls (95% upper bound, held out by "
+            "configuration): " + ("none in this benchmark" if p is None else
+                                  f"{p['fraction']:.3f} of the run ({p['tokens']:,} tokens, {p['tokens_per_row']:.0f} "
+                                  f"per table row), coverage {_pct(p['coverage'])}"))
+
+
+def _strata(result: dict, markdown: bool) -> list[str]:
+    """LEARNED with thresholds fitted per frequency stratum, next to the pooled call."""
+    out = []
+    for name, st in (result.get("strata") or {}).items():
+        out += [("## " if markdown else "") + f"LEARNED on the {name} half of the rows only (its own null and "
+                "thresholds; held out by configuration)", "", *_table(st["curve"], markdown), "",
+                _earliest(f"LEARNED ({name} rows)", "goal", st["goal"]),
+                _earliest(f"LEARNED ({name} rows)", "stretch", st["stretch"]), ""]
+    return out
+
+
+def _planted(result: dict) -> list[str]:
+    p = result.get("planted")
+    if not p:
+        return []
+    return [f"Planted corpus (real ids benefit by construction): the finished runs' BENEFIT truth says BENEFIT in "
+            f"{p['benefit']} of {p['calls']} real-id calls at the run's end, NO BENEFIT in {p['no_benefit']}, open in "
+            f"{p['open']}.", ""]
 
 
 def calibration_text(result: dict, markdown: bool = False) -> str:
@@ -78,18 +109,13 @@ def calibration_text(result: dict, markdown: bool = False) -> str:
         for scheme, points in schemes.items():
             lines += [("## " if markdown else "") + f"{kind}: held out by {scheme}", "", *_table(points, markdown), ""]
         if kind in result["earliest"]:
-            for level, p in result["earliest"][kind].items():
-                bound = {"goal": "10%", "stretch": "5%"}[level]
-                lines.append(f"{kind}: earliest decision point with ≤ {bound} wrong calls (95% upper bound, held out "
-                             "by configuration): " + ("none in this benchmark" if p is None else
-                                                      f"{p['fraction']:.3f} of the run ({p['tokens']:,} tokens, "
-                                                      f"{p['tokens_per_row']:.0f} per table row), coverage "
-                                                      f"{_pct(p['coverage'])}"))
+            lines += [_earliest(kind, level, p) for level, p in result["earliest"][kind].items()]
         lines.append("")
     for name, schemes in result["baselines"].items():
         if "configuration" in schemes:
             lines += [("## " if markdown else "") + f"Baseline for BENEFIT: {name} (held out by configuration)", "",
                       *_table(schemes["configuration"], markdown), ""]
+    lines += [*_strata(result, markdown), *_planted(result)]
     lines += _beats(result)
     iid = []
     for kind, schemes in result["curves"].items():

@@ -8,7 +8,7 @@ import json
 from plelab.calibration.benchmark import SCALES
 from plelab.calibration.commands import calibrate
 from plelab.calibration.report import calibration_text
-from plelab.cli.common import names
+from plelab.cli.common import int_list, names
 from plelab.errors import ConfigError
 from plelab.io import json_safe
 
@@ -27,7 +27,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise ConfigError("--corpus names a corpus twice; give each corpus one NAME")
     result = calibrate(args.out, quick=args.quick, jobs=args.jobs, corpora=corpora, planted=args.planted,
                        scales=args.scales,
-                       seeds=args.seeds, steps=args.steps, write_thresholds=args.write_thresholds,
+                       seeds=args.seeds, steps=args.steps, dims=args.dims, write_thresholds=args.write_thresholds,
                        progress=not args.no_progress)
     print(json.dumps(json_safe(result), indent=1) if args.json else calibration_text(result))
     print(f"wrote {args.out}/calibration.json, calls.jsonl and report.md")
@@ -43,10 +43,13 @@ def add_parsers(sub) -> None:
                    help="another corpus besides the embedded one (repeatable; e.g. kjv=kjv.txt from "
                         "scripts/kjv_corpus.sh)")
     p.add_argument("--planted", action="store_true",
-                   help="also the planted corpus: token ids whose identity gives away the token two later "
-                        "(generated into OUT/corpora; LEARNED's truth known by construction)")
+                   help="also the planted corpus: 4,096 token ids, half of them keys whose next token is a fixed "
+                        "value (generated into OUT/corpora; a table learns and benefits by construction)")
     p.add_argument("--scales", type=names("--scales"), help=f"model scales (default all: {', '.join(SCALES)})")
     p.add_argument("--seeds", type=int, help="seeds per configuration (default 4; 3 with --quick; >= 3)")
+    p.add_argument("--dims", type=int_list("--dims", "4,8,16"),
+                   help="dP values: the smallest holds the small-dP class, every larger one the other classes "
+                        "(default 4,16); a benchmark folder may be extended by more, keeping its finished runs")
     p.add_argument("--steps", type=int, help="steps per run, a multiple of 8 (default 320; 128 with --quick)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--write-thresholds", action="store_true",

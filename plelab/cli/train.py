@@ -122,7 +122,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--seq-len", type=int, help="with --data: tokens per window (default 128)")
     p.add_argument("--num-layers", type=int, help="L, for a safetensors table without config.json")
     p.add_argument("--dp", type=dp_value, help="dP, for a safetensors table without config.json")
-    p.add_argument("--windows", type=int, default=128, help="validation windows for the use test (default 128)")
+    p.add_argument("--windows", type=int, help="validation windows for the use test (default: the calibration's, "
+                   "64: the verdict's error rates were measured with it)")
     p.add_argument("--no-use", action="store_true", help="skip the use test (no model evaluation)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--out", help="also write diagnostics.json and PNG plots into this folder")

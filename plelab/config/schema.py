@@ -210,7 +210,7 @@ class TrainConfig:
     # Cheap PLE signal metrics (SNR, gate, gradient norms...) every N steps into metrics.jsonl (0 = off);
     # the full structure + use diagnostics at every checkpoint, the use test on this many windows (0 = off).
     diag_every: int = 50
-    diag_windows: int = 32
+    diag_windows: int = 64
 
     def validate(self) -> None:
         _require(self.steps >= 1, "train.steps", self.steps, "an integer >= 1")

@@ -35,7 +35,7 @@ from plelab.diagnostics.structure import (
 )
 from plelab.diagnostics.tables import TableSource, find_table
 from plelab.diagnostics.usage import use_metrics
-from plelab.diagnostics.verdict import verdict, verdict_reliability
+from plelab.diagnostics.verdict import calibrated_windows, verdict, verdict_reliability
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
 from plelab.model.ple import IIDTableIds
@@ -131,7 +131,7 @@ def _wt_stats_streamed(source: TableSource, progress: bool) -> list[StreamingMom
 
 
 def diagnose(path: str | Path, reference: str | Path | None = None, null_run: str | Path | None = None,
-             use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int = 128,
+             use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int | None = None,
              progress: bool = True, null_reference: str | Path | None = None, init: str | Path | None = None,
              reference_init: str | Path | None = None, foreign_use: ForeignUse | None = None) -> dict:
     """Everything ``plelab diagnose`` reports, as a JSON-ready dict.
@@ -140,6 +140,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     (:mod:`plelab.diagnostics.foreign`); :func:`plelab.diagnose` builds ``foreign_use`` from ``data=`` and
     ``tokenizer=``.
     """
+    windows = calibrated_windows() if windows is None else windows
     if windows < 1:
         raise PlelabError(f"--windows must be >= 1, got {windows}")
     if null_reference is not None and (null_run is None or reference is None):
@@ -260,5 +261,6 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
                                           delta=perm and perm["delta"], se=perm and perm["se"],
                                           extra=extra, fraction=fraction).to_dict()}
     report["reliability"] = verdict_reliability(cfg.model.hidden_size if cfg is not None else run.hidden_size,
-                                                source.rows, dP, fraction, float(run.counts.sum()) / source.rows)
+                                                source.rows, dP, fraction, float(run.counts.sum()) / source.rows,
+                                                windows=perm and perm.get("windows"))
     return report

@@ -53,10 +53,17 @@ def calibration() -> dict:
         cal = json.loads(SHIPPED.read_text())
         if not all(isinstance(cal["thresholds"][k], list) for k in ("LEARNED", "USED", "BENEFIT")):
             raise ValueError("thresholds are not lists")
+        int(cal["benchmark"]["windows"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise PlelabError(f"{SHIPPED} is missing or damaged ({err}); reinstall plelab, or refit it with "
                           "plelab calibrate --write-thresholds") from None
     return cal
+
+
+def calibrated_windows() -> int:
+    """The validation-window count of the benchmark's use tests: the default of every use test the verdict reads
+    (``plelab diagnose --windows``, ``train.diag_windows``), so that its z is on the calibrated scale."""
+    return int(calibration()["benchmark"]["windows"])
 
 
 def thresholds(kind: str, fraction: float | None = None) -> tuple[float, float, float] | None:
@@ -148,10 +155,12 @@ RANGE_FACTOR = {"hidden size": 2.0, "table rows": 4.0, "dP": 2.0, "tokens per ro
 
 
 def verdict_reliability(hidden_size: int | None, rows: int | None, dim: int | None, fraction: float | None,
-                        tokens_per_row: float | None) -> list[str]:
+                        tokens_per_row: float | None, windows: int | None = None) -> list[str]:
     """How often each call was wrong, held out by configuration, in the benchmark regimes nearest this model, at
     the decision point nearest ``fraction``; or why the model is outside the calibrated range (then the rates do
-    not apply). Unknown facts (None) put a model outside: a checkpoint plelab did not train has no run length."""
+    not apply). Unknown facts (None) put a model outside: a checkpoint plelab did not train has no run length.
+    ``windows``: the use test's validation windows, when known; a count other than the benchmark's adds a line
+    (a real effect's z grows with √windows, a null table's does not)."""
     cal = calibration()
     regs = cal["regimes"]
     spans = {"hidden size": [r["hidden_size"] for r in regs], "table rows": [r["rows"] for r in regs],
@@ -181,4 +190,10 @@ def verdict_reliability(hidden_size: int | None, rows: int | None, dim: int | No
             parts.append(f"{name}: wrong in {p['wrong']} of {p['decided']} decided held-out calls (95% upper bound "
                          f"{100 * p['wrong_upper']:.0f}%), decided {100 * p['coverage']:.0f}% of {p['calls']}")
         lines.append(f"{kind} at {p['fraction']:.3f} of a run — " + "; ".join(parts))
+    calibrated = calibrated_windows()
+    if windows is not None and windows != calibrated:
+        more = "more" if windows > calibrated else "less"
+        lines.append(f"the use test ran on {windows} validation windows, the benchmark's on {calibrated}: USED and "
+                     f"BENEFIT decide {more} often than these rates say (a real effect's z grows with √windows; a "
+                     f"null table's does not); use {calibrated} windows for the calibrated rates")
     return lines

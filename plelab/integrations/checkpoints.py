@@ -27,6 +27,7 @@ from plelab.data.tokens import val_windows
 from plelab.diagnostics.diagnose import diagnose as diagnose_table
 from plelab.diagnostics.foreign import ForeignUse
 from plelab.diagnostics.tables import TABLE_SUFFIX, TableSource, find_table
+from plelab.diagnostics.verdict import calibrated_windows
 from plelab.errors import PlelabError
 from plelab.integrations.hf import load_attached
 from plelab.integrations.hf_model import quiet_transformers
@@ -109,7 +110,7 @@ def data_windows(data: str | Path, tokenizer_path: str | Path, config: dict, voc
 
 
 def diagnose(path: str | Path, reference: str | Path | None = None, null_run: str | Path | None = None,
-             use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int = 128,
+             use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int | None = None,
              progress: bool = True, null_reference: str | Path | None = None, init: str | Path | None = None,
              reference_init: str | Path | None = None, data: str | Path | None = None,
              tokenizer: str | Path | None = None, text_field: str = "text", seq_len: int | None = None) -> dict:
@@ -120,6 +121,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     if data is not None and not use:
         raise PlelabError("--data is for the use test, which --no-use turns off: drop one of them")
     foreign_use = None
+    windows = calibrated_windows() if windows is None else windows
     if data is not None:
         source = find_table(path, num_layers, dim)
         if source.config is not None or source.monitor is not None:
