@@ -5,6 +5,10 @@ run alternately in blocks; reports median step times and the overhead ratio. Als
 at-checkpoint diagnostics pass (structure + table-level use test) against a training step.
 
     python bench/diag_overhead.py --preset cpu-small --steps 200 --every 50
+    python bench/diag_overhead.py --preset cpu-sweep --steps 100 --windows 32,64 --repeats 7
+
+``--windows A,B``: the at-checkpoint pass at each use-test window count, interleaved ``--repeats`` times
+(medians), against a training step.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 
 from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
+from plelab.data.tokens import data_val_windows
 from plelab.diagnostics.diagnose import weight_decay_shrink
 from plelab.diagnostics.live import checkpoint_diagnostics
 from plelab.runs import make_trainer
@@ -28,6 +33,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--block", type=int, default=25)
+    ap.add_argument("--windows", help="comma-separated use-test window counts to time the checkpoint pass at")
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     torch.set_flush_denormal(True)
     base = resolve_config(args.preset, ["train.checkpoint_every=0", "train.eval_every=100000"], steps=args.steps)
@@ -60,6 +67,20 @@ def main() -> None:
     checkpoint_diagnostics(tr.model, tr.cfg, counts, weight_decay_shrink(tr.cfg, tr.step), windows, tr.device)
     ck = time.perf_counter() - t0
     print(f"at-checkpoint diagnostics: {ck:.2f} s = {ck / med['on']:.1f} training steps")
+    if args.windows:
+        counts_n = [int(x) for x in args.windows.split(",")]
+        wins = {n: data_val_windows(data, tr.cfg.train.seq_len, n) for n in counts_n}
+        took: dict[int, list[float]] = {n: [] for n in counts_n}
+        shrink = weight_decay_shrink(tr.cfg, tr.step)
+        for _ in range(args.repeats):
+            for n in counts_n:
+                t0 = time.perf_counter()
+                checkpoint_diagnostics(tr.model, tr.cfg, counts, shrink, wins[n], tr.device)
+                took[n].append(time.perf_counter() - t0)
+        for n in counts_n:
+            m = statistics.median(took[n])
+            print(f"at-checkpoint diagnostics, {len(wins[n])} windows: median {m:.2f} s over {args.repeats} "
+                  f"(= {m / med['on']:.1f} training steps)")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from plelab.calibration.planted import planted_tokens, write_planted
 from plelab.calibration.truth import benefit_truth, used_truth
 from plelab.cli import main
 from plelab.config import resolve_config
+from plelab.config.schema import TrainConfig
 from plelab.diagnostics import verdict as V
 from plelab.errors import ConfigError
 from plelab.model.init import build_model
@@ -99,7 +100,7 @@ def test_shipped_thresholds_and_reliability():
     assert all("held-out calls (95% upper bound" in line for line in near)
     assert V.verdict_reliability(reg["hidden_size"], reg["rows"], reg["dims"][-1], None, 50.0)[0].startswith("outside")
     # the use test's window count is part of the regime: another count is said, the calibrated one is not
-    assert V.calibrated_windows() == cal["benchmark"]["windows"] == 64
+    assert V.calibrated_windows() == cal["benchmark"]["windows"] == 64 == TrainConfig().diag_windows
     fewer = V.verdict_reliability(reg["hidden_size"], reg["rows"], reg["dims"][-1], 0.5, 50.0, windows=32)
     assert len(fewer) == 4 and "ran on 32 validation windows" in fewer[-1] and "decide less often" in fewer[-1]
     assert V.verdict_reliability(reg["hidden_size"], reg["rows"], reg["dims"][-1], 0.5, 50.0, windows=64) == near

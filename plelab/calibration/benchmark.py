@@ -28,6 +28,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plelab.config.schema import TrainConfig
 from plelab.errors import ConfigError
 from plelab.io import check_name
 from plelab.sweeps.runner import run_sweep
@@ -53,7 +54,8 @@ SCALES = {
             "model.num_attention_heads=4", "model.num_key_value_heads=2"],
 }
 # The deterministic recipe every benchmark run shares (fp32: the same losses on every CPU).
-USE_WINDOWS = 64  # validation windows of every use test: the benchmark's, and the verdict's defaults
+# every use test's validation windows: the trainer's default, recorded in calibration.json for the verdict
+USE_WINDOWS = TrainConfig().diag_windows
 COMMON = ["train.precision=fp32", "train.threads=1", f"train.diag_windows={USE_WINDOWS}", "train.eval_batches=8",
           "train.early_checkpoint=0", "train.table_weight_decay=0"]
 

@@ -79,7 +79,7 @@ def cpu_sweep() -> RunConfig:
         ple=PLEConfig(dim=32),
         train=TrainConfig(steps=300, batch_size=16, seq_len=128, lr=3e-3, warmup_steps=30, eval_every=25,
                           eval_batches=8, log_every=50, checkpoint_every=100, keep_checkpoints=1,
-                          early_checkpoint=75, diag_every=25, diag_windows=64),
+                          early_checkpoint=75, diag_every=25),
     )
 
 
