@@ -46,8 +46,8 @@ def test_thresholds_separate_overlap_and_floor():
     assert fit_thresholds([5.0, 6.0, 0.0, 1.0], [True, True, False, False], floor=None) == (3.0, 3.0)
 
 
-def _call(config, score, truth, cls="real", corpus="a", scale="s"):
-    return Call("LEARNED", f"{scale}-{corpus}", scale, corpus, config, cls, 16, [0, 1], 10, 0.5, 100, 1.0, score,
+def _call(config, score, truth, cls="real", corpus="a", scale="s", dim=16):
+    return Call("LEARNED", f"{scale}-{corpus}", scale, corpus, config, cls, dim, [0, 1], 10, 0.5, 100, 1.0, score,
                 truth)
 
 
@@ -64,6 +64,19 @@ def test_held_out_rates_count_errors_coverage_and_classes():
     assert r["positive_by_class"]["slow"][1] == 1 and r["wrong_configurations"] == 2
     assert 0 < r["coverage"] <= 1 and r["wrong_upper"] > r["wrong"] / r["decided"]
     assert r["auroc"] == pytest.approx(held_out(calls, "corpus").auroc)  # the statistic's, not the threshold's
+
+
+def test_held_out_by_dp_fits_on_the_other_table_widths():
+    # at dP 16 the classes separate widely; at dP 8 the positive scores low. Held out by dP, the dP-8 calls are
+    # judged with dP 16's cut ((1 + 20) / 2 = 10.5): its positive is missed.
+    calls = [_call("p16a", 20.0, True), _call("p16b", 30.0, True), _call("n16", 1.0, False, "iid"),
+             _call("p8", 2.0, True, dim=8), _call("n8", 0.0, False, "iid", dim=8)]
+    by_dp = held_out(calls, "dP").to_dict()
+    assert by_dp["false_negatives"] == 1 and by_dp["false_positives"] == 0 and by_dp["calls"] == 5
+    # dP 16 held out: dP 8's calls alone (positive 2, negative 0) put the cut at the null floor, 3.58
+    assert held_out(calls, "dP", where=lambda c: c.dim == 16).to_dict()["decided"] == 3
+    only8 = held_out(calls, "dP", where=lambda c: c.dim == 8).to_dict()
+    assert only8["calls"] == 2 and only8["false_negatives"] == 1
 
 
 def test_truths_from_held_out_seeds():
@@ -138,6 +151,7 @@ def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
     report = (quick / "report.md").read_text()
     assert "pipeline check" in report and "Baseline for BENEFIT: early paired Δ" in report
     assert "leave-one-corpus-out needs >= 2" in report
+    assert "LEARNED: held out by dP" in report and len(result["curves"]["BENEFIT"]["dP"]) == 8  # dP 4 and 16
     assert "i.i.d.-id tables called positive (held out by configuration, all decision points): LEARNED 0 of" in report
     # LEARNED per frequency stratum: each half of the rows against its own null, thresholds fitted per stratum
     assert b["windows"] == 64 and result["planted"] is None

@@ -68,7 +68,7 @@ class Benchmark:
 
     scales: list[str] = field(default_factory=lambda: list(SCALES))
     corpora: dict[str, list[str]] = field(default_factory=lambda: {"embedded": []})
-    dims: list[int] = field(default_factory=lambda: [4, 16])
+    dims: list[int] = field(default_factory=lambda: [4, 8, 16])
     seeds: int = 4
     steps: int = 320
     batch_size: int = 8

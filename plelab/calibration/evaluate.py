@@ -8,7 +8,8 @@ also has a floor under ``hi``: :data:`NULL_FLOOR`, which its null alone exceeds 
 (a handful of training negatives cannot set a positive threshold inside the null's own spread).
 
 Held-out schemes (:data:`SCHEMES`): leave one configuration out (a regime's arm: every seed and pair of it),
-leave one corpus out, leave one scale out. For each scheme and decision point: false positives among truly
+leave one corpus out, leave one scale out, leave one dP out (does a threshold fitted at other table widths
+transfer to this one?). For each scheme and decision point: false positives among truly
 negative calls, false negatives among truly positive ones, wrong calls among decided ones, each with its
 one-sided 95% Clopper–Pearson upper bound (0 errors in 59 calls bound the rate at 5%), the coverage (decided /
 called: "always UNDECIDED" has coverage 0 and cannot look perfect), the same counted by configuration (a
@@ -31,6 +32,7 @@ SCHEMES: dict[str, Callable[[Call], tuple]] = {
     "configuration": lambda c: (c.regime, c.config),
     "corpus": lambda c: (c.corpus,),
     "scale": lambda c: (c.scale,),
+    "dP": lambda c: (c.dim,),
 }
 GOAL, STRETCH = 0.10, 0.05
 # t_{0.999, 19}: a null-unit z whose sd comes from 20 null draws exceeds it with probability ≈ 0.001 under the null

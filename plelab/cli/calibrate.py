@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from plelab.calibration.benchmark import SCALES
+from plelab.calibration.benchmark import SCALES, Benchmark
 from plelab.calibration.commands import calibrate
 from plelab.calibration.report import calibration_text
 from plelab.cli.common import int_list, names
@@ -49,7 +49,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--seeds", type=int, help="seeds per configuration (default 4; 3 with --quick; >= 3)")
     p.add_argument("--dims", type=int_list("--dims", "4,8,16"),
                    help="dP values: the smallest holds the small-dP class, every larger one the other classes "
-                        "(default 4,16); a benchmark folder may be extended by more, keeping its finished runs")
+                        f"(default {','.join(map(str, Benchmark().dims))}); a benchmark folder may be extended by "
+                        "more, keeping its finished runs")
     p.add_argument("--steps", type=int, help="steps per run, a multiple of 8 (default 320; 128 with --quick)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--write-thresholds", action="store_true",
