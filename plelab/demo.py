@@ -65,12 +65,16 @@ PROFILES = {
 
 
 def run_demo(profile: str = "default", out: str | Path | None = None, data_path: str | None = None,
-             jobs: int | None = None, progress: bool = True, log=None) -> Path:
+             jobs: int | None = None, progress: bool = True, log=None, precision: str = "auto") -> Path:
     """``plelab demo``: run the ``profile`` (default | quick | study | study-gpu) into ``out`` (default
     ``runs/demo-PROFILE-DATE-TIME``; rerun to resume), on ``data_path`` instead of the embedded corpus if given,
-    with ``jobs`` worker processes (default one per core up to 8; 1 on a GPU). Returns the report's HTML file."""
+    with ``jobs`` worker processes (default one per core up to 8; 1 on a GPU), every run in ``precision``
+    (``auto``: the study rule, :func:`plelab.precision.study_precision`; ``fp32`` | ``bf16`` force it). Returns the
+    report's HTML file."""
     if profile not in PROFILES:
         raise ConfigError(f"unknown demo profile {profile!r}: choose one of {', '.join(PROFILES)}")
+    if precision not in ("auto", "fp32", "bf16"):
+        raise ConfigError(f"--precision {precision!r}: choose auto, fp32 or bf16")
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     log = log or say
@@ -83,7 +87,8 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
         rows.append(account(c.model, c.ple, c.train.seq_len))
     log(accounting_tables("seed-3b", rows, "H=2560, L=32, V=100,096, 20Q/4KV heads, FFN 6912, tied"))
 
-    overrides = list(prof.overrides) + ([f"data.path={data_path}"] if data_path else [])
+    forced = [] if precision == "auto" else [f"train.precision={precision}"]
+    overrides = list(prof.overrides) + ([f"data.path={data_path}"] if data_path else []) + forced
     base = resolve_config(prof.preset, overrides, steps=prof.steps)
     data = prepare_data(base, progress=progress)
     entropy = data.unigram_entropy(base.model.vocab_size)
@@ -107,19 +112,20 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
     log(f"\nReport: {report} (Markdown beside it: {report.with_suffix('.md')}); "
         f"plelab advise {out} recommends a dP from it.")
     if prof.visual:
-        run_visual_part(out / "visual", "quick" if profile == "quick" else "demo", jobs, progress, log)
+        run_visual_part(out / "visual", "quick" if profile == "quick" else "demo", jobs, progress, log, forced)
     log(f"Demo wall time {time.perf_counter() - started:.0f} s.")
     return report
 
 
-def run_visual_part(out: Path, profile: str, jobs: int, progress: bool, log) -> Path:
+def run_visual_part(out: Path, profile: str, jobs: int, progress: bool, log, overrides: list[str] = ()) -> Path:
     """Visual PLE in brief: no visual table vs a DCT + K-means table vs the same with L_visual (λ = 0.5),
     and the IDs as targets only, with the oracle and random IDs that gate the findings — paired, 3 seeds; the
     findings of its report."""
     methods = ["none", "oracle"] if profile == "quick" else ["none", "dct-kmeans"]
     log(f"\nvisual PLE ({VISUAL_PROFILES[profile].about}): methods {', '.join(methods)}; the fix's 2×2 at λ = 0.5; "
         "the gate: oracle vs random IDs")
-    spec = merge_spec(out, visual_spec(profile, methods, design="fix", lambdas=[0.5], gate=True))
+    spec = merge_spec(out, visual_spec(profile, methods, design="fix", lambdas=[0.5], gate=True,
+                                       overrides=list(overrides)))
     run_sweep(out, spec, jobs=jobs, progress=progress, log=log)
     paths = write_visual_report(out)
     report = next(p for p in paths if p.suffix == ".html")

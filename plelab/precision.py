@@ -16,7 +16,8 @@ at cpu-tiny: 6.2532797 or 6.2533469 for the first loss). Delete that folder to p
 
 A run records the resolution in ``config.json`` (``train.precision`` holds the resolved value) and in
 ``summary.json`` (``precision``: requested, resolved, why); a resumed run keeps its recorded precision and never
-probes again. Studies resolve once for all their arms (:func:`study_precision`).
+probes again. Studies resolve once for all their arms, with the same rule on their base config and at their
+arms' thread count (:func:`study_precision`); a sweep's later arms keep what its started runs recorded.
 """
 
 from __future__ import annotations
@@ -158,15 +159,21 @@ def machine_probe(gemms: Sequence[tuple[int, int, int]]) -> tuple[float, float, 
     return fp32_s, bf16_s, when
 
 
-def study_precision(requested: str, device: torch.device) -> PrecisionChoice:
-    """The one precision every arm of a study (``sweep``, ``demo``, ``visual-study``) trains in.
+def study_precision(requested: str, device: torch.device, gemms: Sequence[tuple[int, int, int]] = (),
+                    threads: int | None = None) -> PrecisionChoice:
+    """The one precision every arm of a study (``sweep``, ``demo``, ``visual-study``) trains in: the run rule
+    (:func:`resolve_precision`) applied once to the study's base config — its step's ``gemms`` probed at the
+    ``threads`` each arm will train with (default: this process's) — so all arms resolve alike.
 
-    ``auto`` is bf16 on CUDA and fp32 on CPU. bf16 becomes a CPU study default only after paired bf16-vs-fp32
-    runs pass a TOST at 0.01 nats (issue 17) and the demo, rerun in both precisions, keeps its conclusions. The
-    TOST has passed (README: precision); the demo rerun has not been done, so CPU studies stay fp32. An explicit
-    ``fp32`` / ``bf16`` is kept.
+    bf16 may be a CPU study's precision because paired bf16-vs-fp32 runs passed a TOST at 0.01 nats (``cpu-sweep``,
+    3 seeds; ``cpu-small``, 5 seeds; README: precision). Without ``gemms`` (nothing to probe, e.g. a report reading
+    unstarted runs) a CPU resolves to fp32. An explicit ``fp32`` / ``bf16`` is kept.
     """
-    if requested in ("fp32", "bf16") or device.type != "cpu":
-        return resolve_precision(requested, device)
-    return PrecisionChoice(requested, "fp32", "auto: a CPU study trains in fp32 until paired runs show bf16's "
-                                              "losses equivalent (TOST at 0.01 nats)")
+    if threads is None or requested != "auto" or device.type != "cpu" or not gemms:
+        return resolve_precision(requested, device, gemms)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return resolve_precision(requested, device, gemms)
+    finally:
+        torch.set_num_threads(before)

@@ -17,6 +17,15 @@ def _isolated_cache(tmp_path_factory):
     mp.undo()
 
 
+@pytest.fixture(autouse=True)
+def _no_bf16_flags(monkeypatch):
+    """``train.precision=auto`` resolves as on a CPU without bf16 units (fp32, no probe), so the suite's losses do
+    not depend on CI's CPU; tests of the rule mock the flags themselves."""
+    import plelab.precision
+
+    monkeypatch.setattr(plelab.precision, "cpu_bf16_flags", lambda: ())
+
+
 @pytest.fixture
 def tiny_cfg():
     return resolve_config("cpu-tiny")

@@ -332,8 +332,13 @@ def test_report_needs_the_baseline(tmp_path, capsys):
 
 
 def test_demo_quick_writes_the_report(tmp_path, capsys, tiny_data):
-    assert main(["demo", "--quick", "--out", str(tmp_path / "d"), "--no-progress", "--jobs", "1"]) == 0
+    assert main(["demo", "--quick", "--out", str(tmp_path / "d"), "--no-progress", "--jobs", "1",
+                 "--precision", "fp32"]) == 0
     out = capsys.readouterr().out
+    for part in ("d", "d/visual"):  # --precision reaches both studies' definitions and every run
+        assert "train.precision=fp32" in json.loads((tmp_path / part / "sweep.json").read_text())["overrides"]
+    assert {json.loads(c.read_text())["train"]["precision"] for c in tmp_path.glob("d/**/seed-*/config.json")} == {"fp32"}
+    assert "precision fp32 (train.precision=fp32 in the config)" in out
     assert "2,458,421,760" in out and "882,983,168" in out and "unigram entropy" in out
     assert "Findings" in out and "Report:" in out
     assert (tmp_path / "d" / "report" / "report.html").exists()

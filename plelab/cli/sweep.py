@@ -81,7 +81,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     profile = next((p for p, on in (("quick", args.quick), ("study", args.study), ("study-gpu", args.study_gpu)) if on),
                    "default")
-    run_demo(profile, out=args.out, data_path=args.data, jobs=args.jobs, progress=not args.no_progress)
+    run_demo(profile, out=args.out, data_path=args.data, jobs=args.jobs, progress=not args.no_progress,
+             precision=args.precision)
     return 0
 
 
@@ -205,4 +206,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--data", help="your own text file or folder instead of the embedded corpus")
     p.add_argument("--out", help="the sweep folder (default runs/demo-PROFILE-DATE-TIME; rerun to resume)")
     p.add_argument("--jobs", type=int, help="worker processes (default: one per core, up to 8; 1 on a GPU)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="every run's train.precision (default auto: bf16 on CUDA; on CPU bf16 where the CPU has bf16 "
+                        "units and a probe of the sweep's GEMMs confirms it wins, else fp32)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -27,17 +27,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
 from plelab.config import RunConfig, resolve_config
 from plelab.config.schema import QUANTIZER_IDS
 from plelab.errors import PlelabError
 from plelab.io import atomic_write, ensure_dir, write_json
-from plelab.precision import study_precision
+from plelab.precision import PrecisionChoice, study_precision
 from plelab.runs import make_trainer, prepare_data, warm_caches
 from plelab.runtime import available_cores, resolve_device
 from plelab.sweeps.spec import Arm, SweepSpec, run_dir, save_spec
-from plelab.training.run_precision import legacy_precision, with_precision
+from plelab.training.run_precision import legacy_precision, recorded_precision, run_gemms, with_precision
 
 
 @dataclass
@@ -52,31 +53,58 @@ class RunJob:
         return f"{self.arm.name}/seed-{self.seed}"
 
 
-def run_config(spec: SweepSpec, arm: Arm, seed: int) -> RunConfig:
-    """The arm's config at ``seed``, its precision resolved as a study's (:func:`plelab.precision.study_precision`:
-    the same for every arm that does not set its own)."""
+def run_config(spec: SweepSpec, arm: Arm, seed: int, study: str | None = None) -> RunConfig:
+    """The arm's config at ``seed``. An arm that leaves ``train.precision`` at ``auto`` trains in the study's
+    precision ``study`` (resolved once per sweep by :func:`sweep_precision`; without it, the study rule without a
+    probe, as for a sweep's unstarted runs read by a report); an arm's own explicit value is kept."""
     cfg = resolve_config(spec.preset, [*spec.overrides, *arm.overrides], seed=seed, steps=spec.steps)
-    return with_precision(cfg, study_precision(cfg.train.precision, resolve_device(cfg.train.device)).resolved)
+    if cfg.train.precision != "auto":
+        return cfg
+    if study is None:
+        study = study_precision("auto", resolve_device(cfg.train.device)).resolved
+    return with_precision(cfg, study)
 
 
-def _saved_or_resolved(spec: SweepSpec, arm: Arm, seed: int, path: Path) -> RunConfig:
+def _sets_precision(arm: Arm) -> bool:
+    return any(o.split("=", 1)[0].strip() == "train.precision" for o in arm.overrides)
+
+
+def sweep_precision(root: Path, spec: SweepSpec, threads: int) -> PrecisionChoice:
+    """The study's precision, once per sweep: what its started runs recorded (a resumed or grown sweep is never
+    probed again), else :func:`plelab.precision.study_precision` on the sweep's base config, its step's GEMMs probed
+    at the ``threads`` each arm trains with."""
+    base = resolve_config(spec.preset, spec.overrides, steps=spec.steps)
+    device = resolve_device(base.train.device)
+    if base.train.precision != "auto":
+        return study_precision(base.train.precision, device)
+    for seed in spec.seeds:
+        for arm in spec.runnable():
+            recorded = None if _sets_precision(arm) else recorded_precision(run_dir(root, arm.name, seed), device)
+            if recorded is not None:
+                return PrecisionChoice("auto", recorded, "recorded by this sweep's started runs (not probed again)")
+    gemms = run_gemms(base, base.train.batch_size // base.train.grad_accum) if device.type == "cpu" else ()
+    return study_precision("auto", device, gemms, threads)
+
+
+def _saved_or_resolved(spec: SweepSpec, arm: Arm, seed: int, path: Path, study: str | None) -> RunConfig:
     """A started run's own ``config.json`` (what it was trained with, even if a preset changed since)."""
     saved = path / "config.json"
     if not saved.exists():
-        return run_config(spec, arm, seed)
+        return run_config(spec, arm, seed, study)
     try:
         return RunConfig.from_dict(json.loads(saved.read_text()))
     except (OSError, ValueError, PlelabError) as err:
         raise PlelabError(f"{saved} is unreadable ({err}); delete that run folder and rerun the sweep") from None
 
 
-def jobs_of(root: Path, spec: SweepSpec) -> list[RunJob]:
-    """Every run of the sweep (seeds outer, so that the first finished seed pairs every arm)."""
+def jobs_of(root: Path, spec: SweepSpec, study: str | None = None) -> list[RunJob]:
+    """Every run of the sweep (seeds outer, so that the first finished seed pairs every arm); an unstarted run in
+    the study precision ``study`` (see :func:`run_config`)."""
     jobs = []
     for seed in spec.seeds:
         for arm in spec.runnable():
             path = run_dir(root, arm.name, seed)
-            jobs.append(RunJob(arm, seed, path, _saved_or_resolved(spec, arm, seed, path)))
+            jobs.append(RunJob(arm, seed, path, _saved_or_resolved(spec, arm, seed, path, study)))
     return jobs
 
 
@@ -115,8 +143,8 @@ def sweep_lock(root: Path):
         yield
 
 
-def _prepare(root: Path, spec: SweepSpec) -> list[RunJob]:
-    jobs = jobs_of(root, spec)  # resolves (and so validates) every run's config before anything is written
+def _prepare(root: Path, spec: SweepSpec, study: str | None = None) -> list[RunJob]:
+    jobs = jobs_of(root, spec, study)  # resolves (and so validates) every run's config before anything is written
     save_spec(root, spec)
     for job in jobs:
         cfg_file = job.path / "config.json"
@@ -193,27 +221,33 @@ def say(*args) -> None:
     print(*args, flush=True)  # visible at once in a redirected log of a long sweep
 
 
-def _precision_line(spec: SweepSpec, jobs: list[RunJob]) -> str:
-    """What the study trains in, once: the study rule on the sweep's own settings, and the arms that differ."""
-    base = resolve_config(spec.preset, spec.overrides, steps=spec.steps)
-    device = resolve_device(base.train.device)
-    choice = study_precision(base.train.precision, device)
+def _precision_line(choice: PrecisionChoice, jobs: list[RunJob]) -> str:
+    """What the study trains in, once: the study's precision and why, and the arms that differ."""
+    device = resolve_device(jobs[0].cfg.train.device) if jobs else torch.device("cpu")
     # a run started before precision was resolved recorded "auto" (fp32 on CPU, bf16 on CUDA)
     other = sorted({j.arm.name for j in jobs if legacy_precision(j.cfg.train.precision, device) != choice.resolved})
     return (f"precision {choice.resolved} ({choice.reason})" +
             (f"; arms with their own: {', '.join(other)}" if other else ""))
 
 
+def arm_threads(spec: SweepSpec, jobs: int) -> int:
+    """The intra-op threads each arm trains with: ``cores // jobs`` in worker processes, else ``train.threads``."""
+    if jobs > 1:
+        return max(1, available_cores() // jobs)
+    return resolve_config(spec.preset, spec.overrides, steps=spec.steps).train.threads or available_cores()
+
+
 def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool = True, log=say) -> list[RunJob]:
     """Run every unfinished run of ``spec`` in ``root``; return all runs. Raises if any run failed."""
     root = Path(root)
     with sweep_lock(root):
-        all_jobs = _prepare(root, spec)
+        choice = sweep_precision(root, spec, arm_threads(spec, jobs))
+        all_jobs = _prepare(root, spec, choice.resolved)
         todo = [j for j in all_jobs if run_state(j) != "done"]
         done = len(all_jobs) - len(todo)
         log(f"sweep {root}: {len(all_jobs)} runs ({len(spec.runnable())} arms × {len(spec.seeds)} seeds), "
             f"{done} already done, {len(todo)} to run" + (f" in {jobs} worker processes" if jobs > 1 and todo else ""))
-        log(_precision_line(spec, all_jobs))
+        log(_precision_line(choice, all_jobs))
         bar = tqdm(total=len(all_jobs), initial=done, desc="sweep runs", unit="run", disable=not progress,
                    dynamic_ncols=True)
         try:
