@@ -6,8 +6,7 @@ Each repeat runs the same two-run sweep (cpu-sweep, dP 0 and 32, one seed) with 
 (in process, all cores) and ``--jobs 2`` (two workers, cores/2 threads each), in alternating
 order, and reports the median wall time of each mode and their ratio. Wall time includes the
 workers' start-up (import, cached data), as a user would see it. ``--precision`` is the sweep's
-``train.precision`` (default ``auto``: the study rule, which probes at each mode's own thread count, so the two
-modes may train in different precisions; each mode's resolved precision is printed).
+``train.precision`` (default ``auto``: the study rule; each mode's resolved precision is printed).
 """
 
 from __future__ import annotations
@@ -20,12 +19,12 @@ import tempfile
 import time
 
 
-def sweep_seconds(jobs: int, steps: int, precision: str = "auto") -> tuple[float, str]:
+def sweep_seconds(jobs: int, steps: int, precision: str = "auto", extra: tuple[str, ...] = ()) -> tuple[float, str]:
     """Wall seconds of the two-run sweep with ``jobs``, and the precision line it printed."""
     with tempfile.TemporaryDirectory() as root:
         cmd = [sys.executable, "-m", "plelab", "sweep", "--preset", "cpu-sweep", "--dp", "0,32", "--seeds", "1",
                "--steps", str(steps), "--out", f"{root}/s", "--jobs", str(jobs), "--no-report", "--no-progress",
-               "--set", f"train.precision={precision}"]
+               "--set", f"train.precision={precision}", *extra]
         start = time.perf_counter()
         done = subprocess.run(cmd, check=True, capture_output=True, text=True)
         seconds = time.perf_counter() - start
@@ -43,7 +42,7 @@ def main() -> None:
 
     print(f"CPU: {cpu_model()}; train.precision={args.precision}", flush=True)
     for jobs in (1, 2):  # warm the tokenizer / token caches, and let auto probe once per thread count
-        sweep_seconds(jobs, 2, args.precision)
+        sweep_seconds(jobs, 2, args.precision, ("--set", "train.early_checkpoint=0"))
     times: dict[int, list[float]] = {1: [], 2: []}
     for r in range(args.repeats):
         for jobs in ((1, 2) if r % 2 == 0 else (2, 1)):

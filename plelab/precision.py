@@ -16,8 +16,8 @@ at cpu-tiny: 6.2532797 or 6.2533469 for the first loss). Delete that folder to p
 
 A run records the resolution in ``config.json`` (``train.precision`` holds the resolved value) and in
 ``summary.json`` (``precision``: requested, resolved, why); a resumed run keeps its recorded precision and never
-probes again. Studies resolve once for all their arms, with the same rule on their base config and at their
-arms' thread count (:func:`study_precision`); a sweep's later arms keep what its started runs recorded.
+probes again. Studies resolve once for all their arms (:func:`study_precision`); a sweep's later arms keep what
+its started runs recorded.
 """
 
 from __future__ import annotations
@@ -159,21 +159,16 @@ def machine_probe(gemms: Sequence[tuple[int, int, int]]) -> tuple[float, float, 
     return fp32_s, bf16_s, when
 
 
-def study_precision(requested: str, device: torch.device, gemms: Sequence[tuple[int, int, int]] = (),
-                    threads: int | None = None) -> PrecisionChoice:
-    """The one precision every arm of a study (``sweep``, ``demo``, ``visual-study``) trains in: the run rule
-    (:func:`resolve_precision`) applied once to the study's base config — its step's ``gemms`` probed at the
-    ``threads`` each arm will train with (default: this process's) — so all arms resolve alike.
+def study_precision(requested: str, device: torch.device) -> PrecisionChoice:
+    """The one precision every arm of a study (``sweep``, ``demo``, ``visual-study``) trains in.
 
-    bf16 may be a CPU study's precision because paired bf16-vs-fp32 runs passed a TOST at 0.01 nats (``cpu-sweep``,
-    3 seeds; ``cpu-small``, 5 seeds; README: precision). Without ``gemms`` (nothing to probe, e.g. a report reading
-    unstarted runs) a CPU resolves to fp32. An explicit ``fp32`` / ``bf16`` is kept.
+    ``auto`` is bf16 on CUDA and fp32 on CPU, even where single runs pick bf16: paired bf16-vs-fp32 runs passed a
+    TOST at 0.01 nats (``cpu-sweep``, 3 seeds; ``cpu-small``, 5 seeds), but the demo rerun in bf16 on an
+    ``avx512_bf16`` EPYC (where the probe finds the GEMMs 2.85× faster at 1 thread) finished only 1.03× sooner than
+    in fp32 — the small shapes' step is mostly not matmul — and two of its visual labels changed at 3 seeds (README:
+    precision). A time tie goes to fp32. An explicit ``fp32`` / ``bf16`` is kept.
     """
-    if threads is None or requested != "auto" or device.type != "cpu" or not gemms:
-        return resolve_precision(requested, device, gemms)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return resolve_precision(requested, device, gemms)
-    finally:
-        torch.set_num_threads(before)
+    if requested in ("fp32", "bf16") or device.type != "cpu":
+        return resolve_precision(requested, device)
+    return PrecisionChoice(requested, "fp32", "auto: a CPU study trains in fp32 (bf16 measured no faster end to end "
+                                              "at the demo's shapes; train.precision=bf16 forces it)")

@@ -54,31 +54,29 @@ def test_the_real_probe_times_the_gemm_list_in_both_dtypes():
     assert precision.step_gemms([(8, 4, 6)]) == [(8, 4, 6), (8, 6, 4), (6, 8, 4)]  # forward, dX, dW
 
 
-def test_a_study_resolves_once_at_its_arms_thread_count_and_a_grown_sweep_keeps_it(monkeypatch, tmp_path):
-    monkeypatch.setenv("PLELAB_CACHE", str(tmp_path / "cache"))  # the mocked probe's verdict stays in this test
-    spec = SweepSpec(preset="cpu-tiny", seeds=[0], arms=[Arm("dp0", ["ple.dim=0"]), Arm("dp16", ["ple.dim=16"]),
-                                                        Arm("fp32", ["ple.dim=16", "train.precision=fp32"])])
-    _flags(monkeypatch, [])  # no bf16 flags: fp32 without a probe
+def test_a_study_resolves_once_keeps_fp32_on_cpu_and_a_grown_sweep_keeps_what_its_runs_recorded(monkeypatch,
+                                                                                                   tmp_path):
+    _flags(monkeypatch, ["amx_bf16", "avx512_bf16"])  # even on a CPU where a single run would probe
     monkeypatch.setattr(precision, "probe_bf16", _no_probe)
-    assert sweep_precision(tmp_path / "a", spec, threads=1).resolved == "fp32"
-    _flags(monkeypatch, ["avx512_bf16"])
-    threads_seen = []
-    monkeypatch.setattr(precision, "probe_bf16", lambda g: threads_seen.append(torch.get_num_threads()) or (3.0, 1.0))
-    before = torch.get_num_threads()
-    choice = sweep_precision(tmp_path / "a", spec, threads=before + 1)  # the base config's GEMMs, at the arms' threads
-    assert choice.resolved == "bf16" and threads_seen == [before + 1] and torch.get_num_threads() == before
-    got = {a.name: run_config(spec, a, 0, choice.resolved).train.precision for a in spec.arms}
-    assert got == {"dp0": "bf16", "dp16": "bf16", "fp32": "fp32"}  # an arm's own explicit value is kept
-    assert run_config(spec, spec.arms[0], 0).train.precision == "fp32"  # no study choice given: no probe, fp32
     assert study_precision("auto", CPU).resolved == "fp32" and study_precision("bf16", CPU).resolved == "bf16"
+    spec = SweepSpec(preset="cpu-tiny", seeds=[0], arms=[Arm("dp0", ["ple.dim=0"]), Arm("dp16", ["ple.dim=16"]),
+                                                        Arm("bf16", ["ple.dim=16", "train.precision=bf16"])])
+    choice = sweep_precision(tmp_path / "a", spec)
+    got = {a.name: run_config(spec, a, 0, choice.resolved).train.precision for a in spec.arms}
+    assert got == {"dp0": "fp32", "dp16": "fp32", "bf16": "bf16"}  # an arm's own explicit value is kept
     jobs = _prepare(tmp_path / "a", spec, choice.resolved)  # writes every run's config.json
     line = _precision_line(choice, jobs)  # what run_sweep prints once
-    assert line.startswith("precision bf16 (auto: avx512_bf16;") and line.endswith("own: fp32")
-    monkeypatch.setattr(precision, "probe_bf16", lambda g: (1.0, 3.0))  # a probe now would say fp32
+    assert line.startswith("precision fp32 (auto: a CPU study trains in fp32") and line.endswith("own: bf16")
+    # a sweep started where its study resolved otherwise (e.g. on a GPU) grows in what its runs recorded
+    cfg_file = tmp_path / "a" / "runs" / "dp0" / "seed-0" / "config.json"
+    saved = json.loads(cfg_file.read_text())
+    saved["train"]["precision"] = "bf16"
+    cfg_file.write_text(json.dumps(saved))
     grown = SweepSpec(preset="cpu-tiny", seeds=[0], arms=[*spec.arms, Arm("dp32", ["ple.dim=32"])])
-    kept = sweep_precision(tmp_path / "a", grown, threads=1)
-    assert kept.resolved == "bf16" and "not probed again" in kept.reason
-    assert sweep_precision(tmp_path / "b", grown, threads=1).resolved == "fp32"  # a fresh folder probes
+    kept = sweep_precision(tmp_path / "a", grown)
+    assert kept.resolved == "bf16" and "recorded by this sweep's started runs" in kept.reason
+    assert run_config(grown, grown.arms[-1], 0, kept.resolved).train.precision == "bf16"
+    assert sweep_precision(tmp_path / "b", grown).resolved == "fp32"  # a fresh folder: the study rule
 
 
 def _trainer(tmp_path, tiny_data, *sets, resume=False):

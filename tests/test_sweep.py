@@ -337,7 +337,8 @@ def test_demo_quick_writes_the_report(tmp_path, capsys, tiny_data):
     out = capsys.readouterr().out
     for part in ("d", "d/visual"):  # --precision reaches both studies' definitions and every run
         assert "train.precision=fp32" in json.loads((tmp_path / part / "sweep.json").read_text())["overrides"]
-    assert {json.loads(c.read_text())["train"]["precision"] for c in tmp_path.glob("d/**/seed-*/config.json")} == {"fp32"}
+    recorded = {json.loads(c.read_text())["train"]["precision"] for c in tmp_path.glob("d/**/seed-*/config.json")}
+    assert recorded == {"fp32"}
     assert "precision fp32 (train.precision=fp32 in the config)" in out
     assert "2,458,421,760" in out and "882,983,168" in out and "unigram entropy" in out
     assert "Findings" in out and "Report:" in out

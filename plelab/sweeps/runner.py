@@ -38,7 +38,7 @@ from plelab.precision import PrecisionChoice, study_precision
 from plelab.runs import make_trainer, prepare_data, warm_caches
 from plelab.runtime import available_cores, resolve_device
 from plelab.sweeps.spec import Arm, SweepSpec, run_dir, save_spec
-from plelab.training.run_precision import legacy_precision, recorded_precision, run_gemms, with_precision
+from plelab.training.run_precision import legacy_precision, recorded_precision, with_precision
 
 
 @dataclass
@@ -55,8 +55,8 @@ class RunJob:
 
 def run_config(spec: SweepSpec, arm: Arm, seed: int, study: str | None = None) -> RunConfig:
     """The arm's config at ``seed``. An arm that leaves ``train.precision`` at ``auto`` trains in the study's
-    precision ``study`` (resolved once per sweep by :func:`sweep_precision`; without it, the study rule without a
-    probe, as for a sweep's unstarted runs read by a report); an arm's own explicit value is kept."""
+    precision ``study`` (resolved once per sweep by :func:`sweep_precision`; without it, the study rule, as for a
+    sweep's unstarted runs read by a report); an arm's own explicit value is kept."""
     cfg = resolve_config(spec.preset, [*spec.overrides, *arm.overrides], seed=seed, steps=spec.steps)
     if cfg.train.precision != "auto":
         return cfg
@@ -69,21 +69,18 @@ def _sets_precision(arm: Arm) -> bool:
     return any(o.split("=", 1)[0].strip() == "train.precision" for o in arm.overrides)
 
 
-def sweep_precision(root: Path, spec: SweepSpec, threads: int) -> PrecisionChoice:
-    """The study's precision, once per sweep: what its started runs recorded (a resumed or grown sweep is never
-    probed again), else :func:`plelab.precision.study_precision` on the sweep's base config, its step's GEMMs probed
-    at the ``threads`` each arm trains with."""
+def sweep_precision(root: Path, spec: SweepSpec) -> PrecisionChoice:
+    """The study's precision, once per sweep: what its started runs recorded (a resumed or grown sweep keeps it,
+    even on another machine), else :func:`plelab.precision.study_precision` on the sweep's base config."""
     base = resolve_config(spec.preset, spec.overrides, steps=spec.steps)
     device = resolve_device(base.train.device)
-    if base.train.precision != "auto":
-        return study_precision(base.train.precision, device)
-    for seed in spec.seeds:
-        for arm in spec.runnable():
-            recorded = None if _sets_precision(arm) else recorded_precision(run_dir(root, arm.name, seed), device)
-            if recorded is not None:
-                return PrecisionChoice("auto", recorded, "recorded by this sweep's started runs (not probed again)")
-    gemms = run_gemms(base, base.train.batch_size // base.train.grad_accum) if device.type == "cpu" else ()
-    return study_precision("auto", device, gemms, threads)
+    if base.train.precision == "auto":
+        for seed in spec.seeds:
+            for arm in spec.runnable():
+                recorded = None if _sets_precision(arm) else recorded_precision(run_dir(root, arm.name, seed), device)
+                if recorded is not None:
+                    return PrecisionChoice("auto", recorded, "recorded by this sweep's started runs")
+    return study_precision(base.train.precision, device)
 
 
 def _saved_or_resolved(spec: SweepSpec, arm: Arm, seed: int, path: Path, study: str | None) -> RunConfig:
@@ -230,18 +227,11 @@ def _precision_line(choice: PrecisionChoice, jobs: list[RunJob]) -> str:
             (f"; arms with their own: {', '.join(other)}" if other else ""))
 
 
-def arm_threads(spec: SweepSpec, jobs: int) -> int:
-    """The intra-op threads each arm trains with: ``cores // jobs`` in worker processes, else ``train.threads``."""
-    if jobs > 1:
-        return max(1, available_cores() // jobs)
-    return resolve_config(spec.preset, spec.overrides, steps=spec.steps).train.threads or available_cores()
-
-
 def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool = True, log=say) -> list[RunJob]:
     """Run every unfinished run of ``spec`` in ``root``; return all runs. Raises if any run failed."""
     root = Path(root)
     with sweep_lock(root):
-        choice = sweep_precision(root, spec, arm_threads(spec, jobs))
+        choice = sweep_precision(root, spec)
         all_jobs = _prepare(root, spec, choice.resolved)
         todo = [j for j in all_jobs if run_state(j) != "done"]
         done = len(all_jobs) - len(todo)
