@@ -41,7 +41,7 @@ def main() -> None:
     from plelab.precision import cpu_model
 
     print(f"CPU: {cpu_model()}; train.precision={args.precision}", flush=True)
-    for jobs in (1, 2):  # warm the tokenizer / token caches, and let auto probe once per thread count
+    for jobs in (1, 2):  # warm the tokenizer / token caches in both modes
         sweep_seconds(jobs, 2, args.precision, ("--set", "train.early_checkpoint=0"))
     times: dict[int, list[float]] = {1: [], 2: []}
     for r in range(args.repeats):

@@ -207,6 +207,6 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", help="the sweep folder (default runs/demo-PROFILE-DATE-TIME; rerun to resume)")
     p.add_argument("--jobs", type=int, help="worker processes (default: one per core, up to 8; 1 on a GPU)")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                   help="every run's train.precision (default auto: bf16 on CUDA; on CPU bf16 where the CPU has bf16 "
-                        "units and a probe of the sweep's GEMMs confirms it wins, else fp32)")
+                   help="every run's train.precision (default auto: the study rule, bf16 on CUDA and fp32 on CPU; "
+                        "fp32 | bf16 force it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -27,7 +27,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from plelab.config import RunConfig, resolve_config
@@ -218,9 +217,9 @@ def say(*args) -> None:
     print(*args, flush=True)  # visible at once in a redirected log of a long sweep
 
 
-def _precision_line(choice: PrecisionChoice, jobs: list[RunJob]) -> str:
+def _precision_line(spec: SweepSpec, choice: PrecisionChoice, jobs: list[RunJob]) -> str:
     """What the study trains in, once: the study's precision and why, and the arms that differ."""
-    device = resolve_device(jobs[0].cfg.train.device) if jobs else torch.device("cpu")
+    device = resolve_device(resolve_config(spec.preset, spec.overrides, steps=spec.steps).train.device)
     # a run started before precision was resolved recorded "auto" (fp32 on CPU, bf16 on CUDA)
     other = sorted({j.arm.name for j in jobs if legacy_precision(j.cfg.train.precision, device) != choice.resolved})
     return (f"precision {choice.resolved} ({choice.reason})" +
@@ -237,7 +236,7 @@ def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool =
         done = len(all_jobs) - len(todo)
         log(f"sweep {root}: {len(all_jobs)} runs ({len(spec.runnable())} arms × {len(spec.seeds)} seeds), "
             f"{done} already done, {len(todo)} to run" + (f" in {jobs} worker processes" if jobs > 1 and todo else ""))
-        log(_precision_line(choice, all_jobs))
+        log(_precision_line(spec, choice, all_jobs))
         bar = tqdm(total=len(all_jobs), initial=done, desc="sweep runs", unit="run", disable=not progress,
                    dynamic_ncols=True)
         try:
