@@ -173,3 +173,14 @@ def test_nothing_below_the_cli_imports_argparse():
              if "cli" not in p.relative_to(package).parts and re.search(r"^\s*(import|from) argparse\b", p.read_text(),
                                                                          re.M)]
     assert users == []
+
+
+def test_sweep_help_names_every_control_it_accepts(capsys):
+    """The --controls help is built from the controls the spec accepts, so a new control cannot go unlisted."""
+    from plelab.sweeps.spec import CONTROLS
+
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    listed = text.rsplit("--controls CONTROLS ", 1)[1].split("--control-dp", 1)[0].replace("- ", "-")
+    assert all(c in listed for c in CONTROLS), listed

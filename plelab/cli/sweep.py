@@ -16,6 +16,7 @@ from plelab.sweeps.commands import options_of, sweep
 from plelab.sweeps.ladder import GPU_BF16_PEAK, Assumptions, ladder, ladder_text
 from plelab.sweeps.planning import plan, plan_text
 from plelab.sweeps.scaling_runs import fit_runs, fit_text
+from plelab.sweeps.spec import CONTROLS
 
 
 def variant(text: str) -> tuple[str, list[str]]:
@@ -118,9 +119,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--seed-list", type=int_list("--seed-list", "0,1,2"),
                    help="explicit comma-separated seeds instead of --seeds")
     p.add_argument("--controls", type=controls, default=[],
-                   help="comma-separated controls: frozen, zero, matched, table-lr, boost, or all")
+                   help=f"comma-separated controls: {', '.join(CONTROLS)}, or all (README: what each one tests)")
     p.add_argument("--control-dp", type=one_int("--control-dp", "16"),
-                   help="the dP of the table-lr and boost controls (default: the middle)")
+                   help="the dP of the table-lr, boost and trunk-params/-flops controls (default: the middle positive dP)")
     p.add_argument("--variant", dest="variants", type=variant, action="append", default=[],
                    metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                    help="an extra arm family crossed with every dP > 0, e.g. scalar:ple.gate=scalar")
