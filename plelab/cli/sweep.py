@@ -121,7 +121,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--controls", type=controls, default=[],
                    help=f"comma-separated controls: {', '.join(CONTROLS)}, or all (README: what each one tests)")
     p.add_argument("--control-dp", type=one_int("--control-dp", "16"),
-                   help="the dP of the table-lr, boost and trunk-params/-flops controls (default: the middle positive dP)")
+                   help="the dP of the table-lr, boost and trunk-params/-flops controls (default: the middle dP)")
     p.add_argument("--variant", dest="variants", type=variant, action="append", default=[],
                    metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                    help="an extra arm family crossed with every dP > 0, e.g. scalar:ple.gate=scalar")
