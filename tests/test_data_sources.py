@@ -138,3 +138,57 @@ def test_a_corpus_of_few_long_documents_is_split_by_pieces_and_trains(tmp_path, 
     assert "split as 42 pieces of ≤ 2,000 characters" in capsys.readouterr().out
     with pytest.raises(PlelabError, match="even cut into 1 pieces"):
         split_for_training(["one short document"], 0.05)
+
+
+def _fake_package(root, name, version, body):
+    pkg = root / name
+    (pkg / "tests").mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(f'"""{name}: the top of the package."""\nraise RuntimeError("imported")\n')
+    (pkg / "core.py").write_text(f'def f():\n    """{body}"""\n')
+    (pkg / "tests" / "test_core.py").write_text('"""a test module: never in the corpus."""\n')
+    info = root / f"{name}-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_packages_corpus_reads_installed_docstrings_without_importing(tmp_path, monkeypatch):
+    import plelab.data.corpus as corpus_mod
+    from plelab.data import embedded_corpus
+    from plelab.data.corpus import corpus_fingerprint, embedded_key
+
+    _fake_package(tmp_path, "plelabfake_a", "1.0", "Alpha docstring.")
+    _fake_package(tmp_path, "plelabfake_b", "3.1", "Beta docstring.")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(corpus_mod, "PACKAGE_CORPUS", ("plelabfake_a", "plelabfake_b"))
+    stdlib, packages = embedded_corpus(), embedded_corpus("packages")
+    assert packages.documents[:len(stdlib.documents)] == stdlib.documents
+    assert packages.documents[len(stdlib.documents):] == [
+        "plelabfake_a: the top of the package.", "Alpha docstring.", "plelabfake_b: the top of the package.",
+        "Beta docstring."]  # package order, sorted files, tests skipped, __init__ never executed
+    assert packages.name.endswith("-packages-docs") and stdlib.name.endswith("-docs")
+    key = embedded_key("packages")
+    _fake_package(tmp_path, "plelabfake_b", "3.1", "Beta docstring.")
+    assert embedded_key("packages") == key
+    (tmp_path / "plelabfake_b-3.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: plelabfake_b\nVersion: 3.2\n")
+    assert embedded_key("packages") != key  # an upgraded package is another corpus
+
+    cfg = resolve_config("cpu-tiny", ["data.embedded=packages", "data.tokenizer_sample_chars=200000"])
+    data = prepare_data(cfg, progress=False)
+    assert data.corpus_name == packages.name
+    assert data.corpus_fingerprint == corpus_fingerprint(packages.documents)
+    assert data.n_train_docs + data.n_val_docs == len(set(packages.documents))  # distinct documents
+
+
+def test_packages_corpus_refusals(monkeypatch):
+    import plelab.data.corpus as corpus_mod
+    from plelab.data import embedded_corpus
+    from plelab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="data.embedded.*stdlib when --data is given"):
+        resolve_config("cpu-tiny", ["data.embedded=packages", "data.path=corpus.txt"])
+    with pytest.raises(ConfigError, match="allowed stdlib | packages"):
+        resolve_config("cpu-tiny", ["data.embedded=wiki"])
+    monkeypatch.setattr(corpus_mod, "PACKAGE_CORPUS", ("numpy", "plelab_not_installed"))
+    with pytest.raises(PlelabError, match="plelab_not_installed is not installed: pip install plelab_not_installed"):
+        embedded_corpus("packages")

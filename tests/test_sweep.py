@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from plelab.cli import main
+from plelab.config import resolve_config
 from plelab.data.tokens import PackedSampler
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
@@ -339,7 +340,8 @@ def test_demo_quick_writes_the_report(tmp_path, capsys, tiny_data):
         assert "train.precision=fp32" in json.loads((tmp_path / part / "sweep.json").read_text())["overrides"]
     recorded = {json.loads(c.read_text())["train"]["precision"] for c in tmp_path.glob("d/**/seed-*/config.json")}
     assert recorded == {"fp32"}
-    assert "precision fp32 (train.precision=fp32 in the config)" in out
+    assert "precision fp32 — train.precision=fp32 in the config" in out
+    assert "estimated runtime" in out and "sweep wall time" in out and "; none left)" in out
     assert "2,458,421,760" in out and "882,983,168" in out and "unigram entropy" in out
     assert "Findings" in out and "Report:" in out
     assert (tmp_path / "d" / "report" / "report.html").exists()
@@ -367,3 +369,27 @@ def test_sweep_command_reproduces_the_spec(tmp_path):
     assert again.to_dict() == spec.to_dict()
     grown = dp_spec_from_args(build_parser().parse_args(shlex.split(sweep_command(spec, tmp_path, seeds=5))[1:]))
     assert grown.seeds == [0, 1, 2, 3, 4] and [a.name for a in grown.arms] == [a.name for a in spec.arms]
+
+
+def test_sweep_clock_states_the_runtime_from_flops_and_measured_rates(tmp_path):
+    from types import SimpleNamespace
+
+    from plelab.model.accounting import flops_per_token
+    from plelab.sweeps.eta import ASSUMED_CORE_FLOPS, SweepClock, duration, run_flops
+
+    cfg = resolve_config("cpu-tiny", ["train.steps=100", "train.eval_every=50", "train.eval_batches=2"])
+    per_token, tokens = flops_per_token(cfg.model, cfg.ple, 64), 8 * 64
+    assert run_flops(cfg) == per_token * 100 * tokens + per_token / 3 * 3 * 2 * tokens  # 3 evals: 0, 50, 100
+    jobs = [SimpleNamespace(name=f"r{i}", path=tmp_path / f"r{i}", cfg=cfg) for i in range(4)]
+    for j in jobs:
+        j.path.mkdir()
+    fresh = SweepClock(jobs, set(), workers=2, threads=1, device="cpu")
+    assert fresh.remaining() == pytest.approx(4 * run_flops(cfg) / (2 * ASSUMED_CORE_FLOPS))
+    assert "assumed" in fresh.estimate_line() and "4 run(s)" in fresh.estimate_line()
+    assert SweepClock(jobs, set(), 1, 1, "cuda").remaining() is None  # a GPU is never assumed
+    (jobs[0].path / "summary.json").write_text(json.dumps({"wall_seconds": 30.0}))
+    fresh.finished(jobs[0])  # the measured rate replaces the assumed one: 3 runs × 30 s over 2 workers
+    assert fresh.remaining() == pytest.approx(45.0) and fresh.left_line() == "3 left, ≈ 45 s"
+    resumed = SweepClock(jobs, {"r0"}, workers=1, threads=2, device="cuda")
+    assert resumed.remaining() == pytest.approx(90.0) and "measured on 1 finished run" in resumed.estimate_line()
+    assert [duration(s) for s in (44, 600, 3900)] == ["44 s", "10 min", "1 h 05 min"]

@@ -33,6 +33,7 @@ TableOptimizer = Literal["adamw", "row-sparse"]
 TableDevice = Literal["auto", "cpu"]
 Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
+EmbeddedCorpus = Literal["stdlib", "packages"]
 GATE_KINDS: tuple[str, ...] = get_args(GateKind)
 
 
@@ -258,6 +259,9 @@ class DataConfig:
     # None means the embedded default corpus (the interpreter's own documentation). Text: a .txt/.md, .jsonl
     # (.gz/.zst), .parquet file, a folder of them, or a HF datasets folder; tokens: a .bin/.npy file or folder.
     path: str | None = field(default=None, metadata=_ADVISE)
+    # Which embedded corpus when there is no path: stdlib (the interpreter's documentation, the default) or
+    # packages (that, then the docstrings of torch, numpy, scipy, matplotlib, sympy, mpmath, networkx: ≈ 23 M chars).
+    embedded: EmbeddedCorpus = field(default="stdlib", metadata=_ADVISE)
     # A mixture instead of one path: PATH:WEIGHT entries (weights normalised), e.g. ["web/:0.7", "code/:0.3"].
     mix: list[str] = field(default_factory=list, metadata=_ADVISE)
     # Field (JSONL) or column (Parquet, HF datasets) that holds the text.
@@ -279,6 +283,9 @@ class DataConfig:
                  "an integer >= 1000")
         _require(not (self.mix and self.path), "data.mix", self.mix, "empty when data.path is set (give one or the "
                  "other: --data PATH, or --data PATH:WEIGHT twice or more)")
+        _require_choice(self.embedded, "data.embedded", EmbeddedCorpus)
+        _require(self.embedded == "stdlib" or not (self.path or self.mix), "data.embedded", self.embedded,
+                 "stdlib when --data is given (the embedded corpus is read only without a data path)")
 
 
 @dataclass

@@ -36,7 +36,7 @@ from plelab.io import atomic_write, cache_dir
 def data_sources(data: DataConfig) -> list[tuple[Source, float]]:
     """The configured sources and their weights (one source: weight 1)."""
     entries = parse_mixture(data.mix) if data.mix else [(data.path, 1.0)]
-    return [(resolve_source(p, data.text_field), w) for p, w in entries]
+    return [(resolve_source(p, data.text_field, data.embedded), w) for p, w in entries]
 
 
 def _text_sample(sources: list[tuple[Source, float]], sample_chars: int) -> list[str]:

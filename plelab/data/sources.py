@@ -48,12 +48,13 @@ class Source:
     files: tuple[Path, ...] = ()
     text_field: str = "text"
     corpus: Corpus | None = None
+    embedded: str = "stdlib"  # which embedded corpus (data.embedded), for kind "embedded"
 
     @property
     def name(self) -> str:
         if self.corpus is not None:
             return self.corpus.name
-        return embedded_name() if self.path is None else self.path.name
+        return embedded_name(self.embedded) if self.path is None else self.path.name
 
 
 def file_kind(path: Path) -> str | None:
@@ -78,11 +79,13 @@ def _is_hf_dataset_dir(path: Path) -> bool:
     return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
 
 
-def resolve_source(path: str | os.PathLike | None, text_field: str = "text") -> Source:
-    """Which files ``path`` names and what they hold; ``None`` is the embedded corpus. A folder is read
-    recursively in sorted order; it may hold text formats or token shards, not both."""
+def resolve_source(path: str | os.PathLike | None, text_field: str = "text", embedded: str = "stdlib") -> Source:
+    """Which files ``path`` names and what they hold; ``None`` is the ``embedded`` corpus (``stdlib`` |
+    ``packages``). A folder is read recursively in sorted order; it may hold text formats or token shards, not
+    both."""
     if path is None:
-        return Source(None, "embedded", text_field=text_field)
+        embedded_name(embedded)  # an unknown name is refused here, before anything is read
+        return Source(None, "embedded", text_field=text_field, embedded=embedded)
     p = Path(path)
     if not p.exists():
         raise PlelabError(f"data path {p} does not exist; pass a text/JSONL/Parquet file, token shards or a folder")
@@ -367,7 +370,7 @@ def file_documents(path: Path, text_field: str = "text") -> Iterator[str]:
 def iter_documents(src: Source) -> Iterator[str]:
     """The source's documents in order, streamed (the embedded corpus from its cached extraction)."""
     if src.kind == "embedded":
-        yield from embedded_corpus().documents
+        yield from embedded_corpus(src.embedded).documents
     elif src.kind == "corpus":
         yield from src.corpus.documents
     elif src.kind == "hf":
@@ -389,6 +392,7 @@ def user_corpus(path: str | os.PathLike, text_field: str = "text") -> Corpus:
     return Corpus(name=src.name, documents=docs)
 
 
-def load_corpus(path: str | None, text_field: str = "text") -> Corpus:
-    """``None`` -> the embedded corpus; otherwise the user's data at ``path`` (in memory)."""
-    return embedded_corpus() if path is None else user_corpus(path, text_field)
+def load_corpus(path: str | None, text_field: str = "text", embedded: str = "stdlib") -> Corpus:
+    """``None`` -> the ``embedded`` corpus (``stdlib`` | ``packages``); otherwise the user's data at ``path`` (in
+    memory)."""
+    return embedded_corpus(embedded) if path is None else user_corpus(path, text_field)

@@ -50,7 +50,7 @@ BATCH_CHARS = 2_000_000  # characters of text per encode batch (≈ 0.5 M tokens
 def source_identity(src: Source) -> dict:
     """What names a source's content without reading it: its files' paths, sizes and mtimes."""
     if src.kind == "embedded":
-        return {"embedded": embedded_key()}
+        return {"embedded": embedded_key(src.embedded)}
     if src.kind == "corpus":
         return {"corpus": src.corpus.fingerprint}
     return {"path": str(src.path.resolve()), "text_field": src.text_field, "files": source_manifest(src)}

@@ -36,6 +36,7 @@ from plelab.io import atomic_write, ensure_dir, write_json
 from plelab.precision import PrecisionChoice, study_precision
 from plelab.runs import make_trainer, prepare_data, warm_caches
 from plelab.runtime import available_cores, resolve_device
+from plelab.sweeps.eta import SweepClock, duration
 from plelab.sweeps.spec import Arm, SweepSpec, run_dir, save_spec
 from plelab.training.run_precision import legacy_precision, recorded_precision, with_precision
 
@@ -217,17 +218,22 @@ def say(*args) -> None:
     print(*args, flush=True)  # visible at once in a redirected log of a long sweep
 
 
-def _precision_line(spec: SweepSpec, choice: PrecisionChoice, jobs: list[RunJob]) -> str:
+def _device(spec: SweepSpec) -> str:
+    return resolve_device(resolve_config(spec.preset, spec.overrides, steps=spec.steps).train.device).type
+
+
+def _precision_line(choice: PrecisionChoice, jobs: list[RunJob], device: str) -> str:
     """What the study trains in, once: the study's precision and why, and the arms that differ."""
-    device = resolve_device(resolve_config(spec.preset, spec.overrides, steps=spec.steps).train.device)
     # a run started before precision was resolved recorded "auto" (fp32 on CPU, bf16 on CUDA)
     other = sorted({j.arm.name for j in jobs if legacy_precision(j.cfg.train.precision, device) != choice.resolved})
-    return (f"precision {choice.resolved} ({choice.reason})" +
+    return (f"precision {choice.resolved} — {choice.reason}" +
             (f"; arms with their own: {', '.join(other)}" if other else ""))
 
 
 def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool = True, log=say) -> list[RunJob]:
-    """Run every unfinished run of ``spec`` in ``root``; return all runs. Raises if any run failed."""
+    """Run every unfinished run of ``spec`` in ``root``; return all runs. Raises if any run failed. Says the
+    estimated runtime before (:class:`~plelab.sweeps.eta.SweepClock`), what is left after each run, and the
+    measured wall time at the end."""
     root = Path(root)
     with sweep_lock(root):
         choice = sweep_precision(root, spec)
@@ -236,20 +242,31 @@ def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool =
         done = len(all_jobs) - len(todo)
         log(f"sweep {root}: {len(all_jobs)} runs ({len(spec.runnable())} arms × {len(spec.seeds)} seeds), "
             f"{done} already done, {len(todo)} to run" + (f" in {jobs} worker processes" if jobs > 1 and todo else ""))
-        log(_precision_line(spec, choice, all_jobs))
+        device = _device(spec)
+        log(_precision_line(choice, all_jobs, device))
+        workers = max(1, min(jobs, len(todo)))
+        clock = SweepClock(all_jobs, {j.name for j in all_jobs} - {j.name for j in todo}, workers,
+                           available_cores() // workers if jobs > 1 else available_cores(), device)
+        estimate = clock.remaining()
+        if todo:
+            log(clock.estimate_line())
         bar = tqdm(total=len(all_jobs), initial=done, desc="sweep runs", unit="run", disable=not progress,
                    dynamic_ncols=True)
+        started = time.perf_counter()
         try:
             if jobs <= 1:
-                _run_in_process(todo, bar, progress, log)
+                _run_in_process(todo, bar, progress, log, clock)
             else:
-                _run_workers(todo, jobs, bar, bar.write if progress else log)
+                _run_workers(todo, jobs, bar, bar.write if progress else log, clock)
         finally:
             bar.close()
+        if todo:
+            log(f"sweep wall time {duration(time.perf_counter() - started)} for {len(todo)} run(s)"
+                + (f" (estimated {duration(estimate)} at the start)" if estimate is not None else ""))
     return all_jobs
 
 
-def _run_in_process(todo: list[RunJob], bar, progress: bool, log) -> None:
+def _run_in_process(todo: list[RunJob], bar, progress: bool, log, clock: SweepClock) -> None:
     data_cache: dict[str, object] = {}
     for job in todo:
         key = data_key(job.cfg)
@@ -259,11 +276,13 @@ def _run_in_process(todo: list[RunJob], bar, progress: bool, log) -> None:
         result = make_trainer(job.cfg, data_cache[key], job.path, resume=True, progress=progress,
                               log=lambda *a: None).fit()
         bar.update(1)
+        clock.finished(job)
         tail = f"val {result.final_val_loss:.4f}" if result.val_history else "done"
-        (bar.write if progress else log)(f"  {job.name}: {tail} ({time.perf_counter() - start:.0f} s)")
+        (bar.write if progress else log)(f"  {job.name}: {tail} ({time.perf_counter() - start:.0f} s; "
+                                         f"{clock.left_line()})")
 
 
-def _run_workers(todo: list[RunJob], jobs: int, bar, report) -> None:
+def _run_workers(todo: list[RunJob], jobs: int, bar, report, clock: SweepClock) -> None:
     for cfg in {data_key(j.cfg): j.cfg for j in todo}.values():  # fill the caches once here, not in every worker
         warm_caches(cfg)
     threads = max(1, available_cores() // jobs)
@@ -292,7 +311,8 @@ def _run_workers(todo: list[RunJob], jobs: int, bar, report) -> None:
                     failed.append(job)
                     report(f"  {job.name}: FAILED (exit {proc.returncode}); see {job.path / 'train.log'}")
                 else:
-                    report(f"  {job.name}: done ({time.perf_counter() - start:.0f} s)")
+                    clock.finished(job)
+                    report(f"  {job.name}: done ({time.perf_counter() - start:.0f} s; {clock.left_line()})")
     finally:
         for job, proc, fh, _ in active:  # interrupted: stop the workers; their runs resume next time
             proc.terminate()

@@ -1,0 +1,109 @@
+"""A sweep's runtime, stated before it starts, refined as runs finish, and checked against the wall clock after.
+
+Each run's cost is its model FLOPs: training ``flops_per_token × steps × batch × seq_len``
+(:func:`plelab.model.accounting.flops_per_token`) plus its evaluations' forward passes (a third of that per token).
+The rate that turns FLOPs into seconds is *measured* — total FLOPs over total ``wall_seconds`` of the sweep's
+finished runs (their ``summary.json``), so data loading, diagnostics and the visual parts are priced in — or,
+before any run has finished on a CPU, *assumed*: :data:`ASSUMED_CORE_FLOPS` per thread, what the CPU-scale
+presets sustain on the 2-core machines measured here (BENCHMARKS.md, "Sweep runtime estimates"). Runs in
+parallel workers share the wall clock, so the remaining time is the remaining FLOPs over ``workers × rate``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from plelab.config import RunConfig
+from plelab.model.accounting import flops_per_token
+
+# Model FLOP/s one CPU thread sustains on the CPU-scale presets: the median 1-thread worker of the visual studies'
+# cpu-tiny runs on a 2-core AMD EPYC measured 27.4 GFLOP/s (bench/sweep_rates.py, BENCHMARKS.md); larger presets
+# run faster, so the estimate before a sweep's first run finishes errs long.
+ASSUMED_CORE_FLOPS = 28e9
+
+
+def run_flops(cfg: RunConfig) -> float:
+    """Model FLOPs of one run: its training steps (forward + backward) and its evaluations (forward only)."""
+    t = cfg.train
+    per_token = flops_per_token(cfg.model, cfg.ple, t.seq_len)
+    train = per_token * t.steps * t.batch_size * t.seq_len
+    evals = t.steps // t.eval_every + 1 if t.eval_every > 0 else 1
+    return train + per_token / 3 * evals * t.eval_batches * t.batch_size * t.seq_len
+
+
+def finished_wall(path: Path) -> float | None:
+    """A finished run's training seconds (``summary.json``), or None."""
+    try:
+        return float(json.loads((path / "summary.json").read_text())["wall_seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def duration(seconds: float) -> str:
+    """``45 s`` | ``12 min`` | ``3 h 05 min``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+class SweepClock:
+    """The running estimate of one sweep. ``jobs``: the sweep's :class:`~plelab.sweeps.runner.RunJob` list
+    (``.path``, ``.cfg``, ``.name``); ``done``: the names already finished; ``workers`` run at once with
+    ``threads`` each on ``device`` (``cpu`` | ``cuda``)."""
+
+    def __init__(self, jobs: Sequence, done: set[str], workers: int, threads: int, device: str) -> None:
+        self.flops = {j.name: run_flops(j.cfg) for j in jobs}
+        self.left = {j.name for j in jobs} - set(done)
+        self.workers, self.threads, self.device = max(1, workers), max(1, threads), device
+        self.measured_flops = self.measured_seconds = 0.0
+        self.measured_runs = 0
+        for j in jobs:
+            if j.name in done:
+                self.finished(j)
+
+    def finished(self, job) -> None:
+        """Record a finished run (its summary's wall time joins the measured rate)."""
+        self.left.discard(job.name)
+        wall = finished_wall(job.path)
+        if wall and wall > 0:
+            self.measured_flops += self.flops[job.name]
+            self.measured_seconds += wall
+            self.measured_runs += 1
+
+    def rate(self) -> tuple[float | None, str]:
+        """FLOP/s of one worker and where the number comes from."""
+        if self.measured_runs:
+            r = self.measured_flops / self.measured_seconds
+            return r, f"{r / 1e9:.1f} GFLOP/s per worker, measured on {self.measured_runs} finished run(s)"
+        if self.device == "cpu":
+            r = ASSUMED_CORE_FLOPS * self.threads
+            return r, f"{r / 1e9:.0f} GFLOP/s per worker assumed ({self.threads} thread(s)); refined as runs finish"
+        return None, "no estimate on a GPU before its first run finishes"
+
+    def remaining(self) -> float | None:
+        r, _ = self.rate()
+        if r is None:
+            return None
+        return sum(self.flops[n] for n in self.left) / (r * self.workers)
+
+    def estimate_line(self) -> str:
+        """Before the sweep: its remaining runtime, or why none is given."""
+        r, why = self.rate()
+        left = self.remaining()
+        if not self.left:
+            return "nothing left to run"
+        if left is None:
+            return f"runtime: {why}"
+        flops = sum(self.flops[n] for n in self.left)
+        return (f"estimated runtime {duration(left)}: {len(self.left)} run(s), {flops:.3g} model FLOPs over "
+                f"{self.workers} worker(s) at {why}")
+
+    def left_line(self) -> str:
+        """After a run finishes: what is left, e.g. ``57 left, ≈ 1 h 26 min``."""
+        left = self.remaining()
+        if not self.left:
+            return "none left"
+        return f"{len(self.left)} left" + ("" if left is None else f", ≈ {duration(left)}")
