@@ -44,6 +44,7 @@ class Profile:
     overrides: list[str] = field(default_factory=list)
     about: str = ""
     visual: bool = False  # the visual PLE part after the dP study
+    corpus: str = "stdlib"  # data.embedded when no --data is given
 
 
 PROFILES = {
@@ -57,6 +58,11 @@ PROFILES = {
                      overrides=["train.eval_every=100", "train.early_checkpoint=400", "train.checkpoint_every=500",
                                 "train.diag_every=100", "train.warmup_steps=100"],
                      about="the seed's dP/H ratios, ≈200 runs of 2,000 steps: about two days on 2 cores, resumable"),
+    # past the toy regime: 20 tokens per trunk parameter, Gemma's gate and the seed's, the iid and zero controls
+    "long": Profile("cpu-long-h160", [0, 4, 8, 16, 32], 3, 2300, controls=["iid", "zero", "gate-scalar"],
+                    corpus="packages",
+                    about="a 0.46 M trunk to 20 tokens per parameter, 17 arms × 3 seeds: ≈ 10–14 hours on 2 cores, "
+                          "resumable"),
     "study-gpu": Profile("gpu-125m", [0, 32, 64, 128, 256], 3, 5000,
                          controls=["frozen", "zero", "iid", "matched", "boost"],
                          overrides=["train.early_checkpoint=1000", "train.checkpoint_every=1000"],
@@ -66,7 +72,7 @@ PROFILES = {
 
 def run_demo(profile: str = "default", out: str | Path | None = None, data_path: str | None = None,
              jobs: int | None = None, progress: bool = True, log=None, precision: str = "auto") -> Path:
-    """``plelab demo``: run the ``profile`` (default | quick | study | study-gpu) into ``out`` (default
+    """``plelab demo``: run the ``profile`` (default | quick | study | long | study-gpu) into ``out`` (default
     ``runs/demo-PROFILE-DATE-TIME``; rerun to resume), on ``data_path`` instead of the embedded corpus if given,
     with ``jobs`` worker processes (default one per core up to 8; 1 on a GPU), every run in ``precision``
     (``auto``: the study rule, :func:`plelab.precision.study_precision`; ``fp32`` | ``bf16`` force it). Returns the
@@ -88,7 +94,9 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
     log(accounting_tables("seed-3b", rows, "H=2560, L=32, V=100,096, 20Q/4KV heads, FFN 6912, tied"))
 
     forced = [] if precision == "auto" else [f"train.precision={precision}"]
-    overrides = list(prof.overrides) + ([f"data.path={data_path}"] if data_path else []) + forced
+    data_sets = ([f"data.path={data_path}"] if data_path else
+                 [f"data.embedded={prof.corpus}"] if prof.corpus != "stdlib" else [])
+    overrides = list(prof.overrides) + data_sets + forced
     base = resolve_config(prof.preset, overrides, steps=prof.steps)
     data = prepare_data(base, progress=progress)
     entropy = data.unigram_entropy(base.model.vocab_size)
@@ -97,9 +105,13 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
         f"sha256 {data.corpus_fingerprint[:16]}…; tokens: train {len(data.train):,}, validation {len(data.val):,}; "
         f"validation unigram entropy {entropy:.3f} nats")
     tokens = prof.steps * base.train.batch_size * base.train.seq_len
+    trunk = account(base.model, base.ple, base.train.seq_len)
+    embeddings = trunk.groups["embed_tokens"] + trunk.groups["lm_head"]
     log(f"sweep ({profile}, {prof.about}): {prof.preset}, dP {prof.dims} × {prof.seeds} seeds"
         + (f" + controls {', '.join(prof.controls)}" if prof.controls else "")
-        + f", {prof.steps} steps = {tokens:,} tokens ({tokens / len(data.train):.2f} epochs) per run\n")
+        + f", {prof.steps} steps = {tokens:,} tokens ({tokens / len(data.train):.2f} epochs) per run: "
+          f"{tokens / (trunk.base - embeddings):.1f} tokens per trunk parameter without embeddings, "
+          f"{tokens / trunk.base:.1f} with\n")
     spec = merge_spec(out, dp_spec(preset=prof.preset, overrides=overrides, dp=prof.dims, seeds=prof.seeds,
                                    controls=prof.controls, steps=prof.steps, existing=load_spec(out)))
     if jobs is None:

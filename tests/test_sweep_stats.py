@@ -250,3 +250,24 @@ def test_the_study_profile_sweeps_the_seeds_ratios_with_every_control():
     assert {a.family for a in spec.arms} == {"dP", *CONTROLS}
     widths = {a.family: a.overrides for a in spec.arms if a.family.startswith("trunk-")}
     assert all(o[0] == "ple.dim=0" and int(o[1].split("=")[1]) > 480 for o in widths.values())  # wider than 3H
+
+
+def test_the_long_profile_trains_past_20_tokens_per_trunk_parameter_on_the_packages_corpus():
+    from plelab.config import resolve_config
+    from plelab.demo import PROFILES
+    from plelab.model.accounting import account
+    from plelab.sweeps.commands import dp_spec
+
+    prof = PROFILES["long"]
+    cfg = resolve_config(prof.preset, [f"data.embedded={prof.corpus}"], steps=prof.steps)
+    assert cfg.data.embedded == "packages"
+    acc = account(cfg.model, cfg.ple, cfg.train.seq_len)
+    trunk = acc.base - acc.groups["embed_tokens"] - acc.groups["lm_head"]
+    assert 300_000 <= trunk <= 500_000  # issue 25: a trunk of ≈ 0.3–0.5 M non-embedding parameters
+    assert prof.steps * cfg.train.batch_size * cfg.train.seq_len / trunk >= 20
+    assert [d / cfg.model.hidden_size for d in prof.dims if d] == [0.025, 0.05, 0.1, 0.2]
+    spec = dp_spec(preset=prof.preset, overrides=[f"data.embedded={prof.corpus}"], dp=prof.dims, seeds=prof.seeds,
+                   controls=prof.controls, steps=prof.steps)
+    assert {a.family for a in spec.arms} == {"dP", "iid", "zero", "gate-scalar"} and len(spec.arms) == 17
+    gates = {run_gate for a in spec.arms for run_gate in a.overrides if run_gate.startswith("ple.gate=")}
+    assert gates == {"ple.gate=scalar"}  # the rest keep Gemma's gate

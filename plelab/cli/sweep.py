@@ -80,8 +80,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    profile = next((p for p, on in (("quick", args.quick), ("study", args.study), ("study-gpu", args.study_gpu)) if on),
-                   "default")
+    profile = next((p for p, on in (("quick", args.quick), ("study", args.study), ("long", args.long),
+                                    ("study-gpu", args.study_gpu)) if on), "default")
     run_demo(profile, out=args.out, data_path=args.data, jobs=args.jobs, progress=not args.no_progress,
              precision=args.precision)
     return 0
@@ -202,6 +202,9 @@ def add_parsers(sub) -> None:
     which.add_argument("--quick", action="store_true", help=f"the smoke test ({PROFILES['quick'].about})")
     which.add_argument("--study", action="store_true",
                        help=f"a real study: 5 dP × 6 seeds + all controls ({PROFILES['study'].about})")
+    which.add_argument("--long", action="store_true",
+                       help=f"past the toy regime on the packages corpus, the seed's gate, iid and zero controls "
+                            f"({PROFILES['long'].about})")
     which.add_argument("--study-gpu", action="store_true",
                        help=f"the study at gpu-125m ({PROFILES['study-gpu'].about})")
     p.add_argument("--data", help="your own text file or folder instead of the embedded corpus")

@@ -9,6 +9,8 @@
 - ``cpu-tiny``: tests (seconds). ``cpu-small``: ~6.8M trunk params, single CPU runs.
 - ``cpu-sweep``: ~1.3M params, the dP study's CPU shape (``plelab demo`` / ``plelab sweep``).
 - ``cpu-sweep-h160``: the same at H = 160, where the seed's dP/H ratios are dP 4/8/16/32 (``plelab demo --study``).
+- ``cpu-long-h160``: a 0.46 M-parameter trunk at H = 160 trained to 20 tokens per trunk parameter
+  (``plelab demo --long``, on ``data.embedded=packages``).
 - ``gpu-125m``: a GPT-2-small-sized model for one GPU.
 """
 
@@ -92,6 +94,21 @@ def cpu_sweep_h160() -> RunConfig:
     return cfg
 
 
+def cpu_long_h160() -> RunConfig:
+    """Past the toy regime on a CPU: H = 160 (the seed's dP/H ratios are dP 4 / 8 / 16 / 32), L = 2, FFN 2H, V = 2048:
+    461,600 trunk parameters without embeddings (789,280 with), trained 2,300 steps × 32 × 128 = 9.42 M tokens —
+    20.4 tokens per trunk parameter, 11.9 with the embeddings (``plelab demo --long``)."""
+    return RunConfig(
+        preset="cpu-long-h160",
+        model=ModelConfig(vocab_size=2048, hidden_size=160, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=320),
+        ple=PLEConfig(dim=8),
+        train=TrainConfig(steps=2300, batch_size=32, seq_len=128, lr=3e-3, warmup_steps=200, eval_every=100,
+                          eval_batches=16, log_every=100, checkpoint_every=250, keep_checkpoints=1,
+                          early_checkpoint=575, diag_every=100),
+    )
+
+
 def gpu_125m() -> RunConfig:
     return RunConfig(
         preset="gpu-125m",
@@ -109,6 +126,7 @@ PRESETS: dict[str, Callable[[], RunConfig]] = {
     "cpu-small": cpu_small,
     "cpu-sweep": cpu_sweep,
     "cpu-sweep-h160": cpu_sweep_h160,
+    "cpu-long-h160": cpu_long_h160,
     "gpu-125m": gpu_125m,
     "seed-3b": seed_3b,
     "gemma3n-e2b": gemma3n_e2b,
