@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -132,8 +133,12 @@ def test_sweep_results_report_and_advise(sweep_dir, capsys):
     assert "data:image/png;base64," in html and "http://" not in html and "https://" not in html
     md = (rep / "report.md").read_text()
     for text in ("## Findings", "Results in the seed's format", "dp16-matched", "Does the early verdict",
-                 "tokens per table row", "How this grid maps", "Token budget: a speed-up or added capacity?"):
+                 "tokens per table row", "How this grid maps", "Token budget: a speed-up or added capacity?",
+                 "The seed's mechanism: does the gate close below some dP?"):
         assert text in md
+    number = r"([0-9.e-]+)"
+    gemma = re.search(rf"^\| dp8 \| gemma \| {number} \| — \| {number} \| {number} \| {number} \| — \|$", md, re.M)
+    assert gemma and all(float(x) > 0 for x in gemma.groups())  # read from the runs' live diagnostics
     data = json.loads((rep / "results.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
     rows = {r["arm"]: r for r in data["analysis"]["rows"]}
     assert rows["dp8-matched"]["vs_baseline"] == rows["dp8"]["vs_baseline"]  # an alias is its reference arm

@@ -271,3 +271,35 @@ def test_the_long_profile_trains_past_20_tokens_per_trunk_parameter_on_the_packa
     assert {a.family for a in spec.arms} == {"dP", "iid", "zero", "gate-scalar"} and len(spec.arms) == 17
     gates = {run_gate for a in spec.arms for run_gate in a.overrides if run_gate.startswith("ple.gate=")}
     assert gates == {"ple.gate=scalar"}  # the rest keep Gemma's gate
+
+
+def _with_gates(res: SweepResults, gates: dict[str, list[float]]) -> SweepResults:
+    for arm, values in gates.items():
+        for seed, g in enumerate(values):
+            res.runs[arm][seed].signal = {"gate": g, "grad_gate": g / 10, "grad_table": 0.5, "snr": 0.3}
+    return res
+
+
+def test_gate_mechanism_shows_only_when_a_gate_closes_below_an_open_one():
+    from plelab.sweeps.mechanism import gate_mechanism
+
+    losses = {a: [5.0, 5.1, 5.2] for a in ("dp0", "dp4", "dp8", "dp4-gate-scalar", "dp8-gate-scalar")}
+    closes = _with_gates(_synthetic(losses, controls=["gate-scalar"]),
+                         {"dp4": [0.4] * 3, "dp8": [0.4] * 3, "dp4-gate-scalar": [0.02, 0.05, 0.01],
+                          "dp8-gate-scalar": [0.9, 1.3, 0.7]})
+    mech = gate_mechanism(closes)
+    finding = mech["families"]["gate-scalar"]
+    assert finding.startswith("gate-scalar: the mechanism shows")
+    assert "dP 4 and stayed open in every run at dP 8" in finding
+    by_arm = {r["arm"]: r for r in mech["rows"]}
+    assert by_arm["dp4-gate-scalar"]["closed"] == 3 and by_arm["dp8-gate-scalar"]["closed"] == 0
+    assert by_arm["dp4"]["closed"] is None and by_arm["dp4"]["gate_activity"] == pytest.approx(0.4)  # Gemma's gate
+    assert list(mech["families"]) == ["gate-scalar"]  # no verdict for Gemma's gate: its post-norm fixes the RMS
+    open_ = _with_gates(_synthetic(losses, controls=["gate-scalar"]),
+                        {"dp4-gate-scalar": [0.8, 0.9, 1.1], "dp8-gate-scalar": [1.0, 1.2, 0.95]})
+    assert gate_mechanism(open_)["families"]["gate-scalar"] == (
+        "gate-scalar: the mechanism does not show — the gate stayed open in every run at every dP "
+        "(final |g| 0.93–1.05× its init)")
+    reversed_ = _with_gates(_synthetic(losses, controls=["gate-scalar"]),  # closed only above an open dP: no show
+                            {"dp4-gate-scalar": [0.8, 0.9, 1.1], "dp8-gate-scalar": [0.01, 0.02, 0.03]})
+    assert gate_mechanism(reversed_)["families"]["gate-scalar"].startswith("gate-scalar: mixed")

@@ -17,6 +17,7 @@ from plelab.reports.sweep_findings import findings, required_seeds
 from plelab.reports.sweep_plots import all_plots
 from plelab.reports.tables import csv_text, fmt
 from plelab.sweeps.analysis import analyse
+from plelab.sweeps.mechanism import gate_mechanism
 from plelab.sweeps.results import SweepResults, collect, regime
 from plelab.sweeps.spec import sweep_command
 
@@ -123,6 +124,16 @@ def budget_table(budget: dict) -> tuple[list[str], list[list[str]]]:
              "verdict"], rows)
 
 
+def mechanism_table(mech: dict) -> tuple[list[str], list[list[str]]]:
+    def f(x, fmt="{:.3g}"):
+        return "—" if x is None else fmt.format(x)
+
+    rows = [[r["arm"], r["gate"], f(r["gate_activity"]), f(r["gate_ratio"], "{:.2f}×"), f(r["grad_gate"]),
+             f(r["grad_table"]), f(r["snr"]), "—" if r["closed"] is None else f"{r['closed']} of {r['runs']}"]
+            for r in mech["rows"]]
+    return (["arm", "gate", "gate activity", "|g| / init", "gate grad", "table grad", "SNR", "closed runs"], rows)
+
+
 def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> list[tuple]:
     spec = res.spec
     base_cfg = res.configs[spec.baseline]
@@ -169,6 +180,17 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> l
                       "loss per arm step (median over seeds; '>' where the baseline never reached it). Inside one "
                       "cosine schedule the tokens seen and the schedule's position move together."),
                 ("table", *budget_table(budget))]
+    mech = gate_mechanism(res)
+    if mech["rows"]:
+        out += [("h2", "The seed's mechanism: does the gate close below some dP?"),
+                ("p", "Each arm's last live diagnostics (mean over layers and seeds): gate activity (Gemma: mean "
+                      "|gelu(W_g h)|; the seed's learned gate: mean |g|, also as a multiple of its init), the gradient "
+                      "norms at the gate and the table slice, and the injection SNR. A learned gate is closed in a run "
+                      f"when |g| < {mech['closed_fraction']:g}× its init. Gemma's post-norm restores the branch's RMS "
+                      "whatever its gate does, so there the SNR is the reading."),
+                ("table", *mechanism_table(mech))]
+        if mech["families"]:
+            out.append(("ul", list(mech["families"].values())))
     out += [("h2", "How this grid maps onto the seed's"), ("ul", [
         "dP/H here: " + ", ".join(f"{d}/{reg['hidden_size']} = {r:.3f}" for d, r in reg["dp_over_h"]) + "; "
         f"the seed's 64…512 at H=2560 span {reg['seed_dp_over_h'][0]:.3f}…{reg['seed_dp_over_h'][1]:.3f}.",

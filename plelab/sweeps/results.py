@@ -78,6 +78,7 @@ def _signal(row: dict | None) -> dict:
     return {"step": row["step"], "snr": _mean_layers(d.get("snr")),
             "table_to_proj": _mean_layers(d.get("table_to_proj")),
             "gate": _mean_layers(d.get("gate")), "grad_table": _mean_layers(d.get("grad_table")),
+            "grad_gate": _mean_layers(d.get("grad_gate")),
             "rows_touched": d.get("rows_touched"),
             **{k: _mean_layers(d[k]) for k in ("grad_row_text", "grad_row_visual") if k in d},
             **{f"{k}_layers": d[k] for k in ("grad_row_text", "grad_row_visual") if k in d}}
