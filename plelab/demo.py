@@ -23,12 +23,15 @@ from pathlib import Path
 from plelab.config import resolve_config
 from plelab.data.pipeline import prepare_data
 from plelab.errors import ConfigError
+from plelab.io import write_json
 from plelab.model.accounting import account
 from plelab.reports.sweep import write_report
 from plelab.reports.tables import accounting_tables
 from plelab.runtime import available_cores
 from plelab.sweeps.commands import dp_spec
-from plelab.sweeps.runner import run_sweep, say
+from plelab.sweeps.fit_ladder import FitLadder, ladder_specs
+from plelab.sweeps.runner import run_sweep, say, study_estimate
+from plelab.sweeps.scaling_runs import fit_runs, fit_text
 from plelab.sweeps.spec import CONTROLS, load_spec, merge_spec
 from plelab.visual.report import write_visual_report
 from plelab.visual.study import VISUAL_PROFILES, visual_spec
@@ -45,6 +48,7 @@ class Profile:
     about: str = ""
     visual: bool = False  # the visual PLE part after the dP study
     corpus: str = "stdlib"  # data.embedded when no --data is given
+    ladder: FitLadder | None = None  # the rungs added for a scaling fit of the study (plelab fit)
 
 
 PROFILES = {
@@ -60,7 +64,7 @@ PROFILES = {
                      about="the seed's dP/H ratios, ≈200 runs of 2,000 steps: about two days on 2 cores, resumable"),
     # past the toy regime: 20 tokens per trunk parameter, Gemma's gate and the seed's, the iid and zero controls
     "long": Profile("cpu-long-h160", [0, 4, 8, 16, 32], 3, 2300, controls=["iid", "zero", "gate-scalar"],
-                    corpus="packages",
+                    corpus="packages", ladder=FitLadder(hidden=(40, 80, 120, 160), steps=(575, 1150, 2300), ratio=0.1),
                     about="a 0.46 M trunk to 20 tokens per parameter, 17 arms × 3 seeds: ≈ 10–14 hours on 2 cores, "
                           "resumable"),
     "study-gpu": Profile("gpu-125m", [0, 32, 64, 128, 256], 3, 5000,
@@ -116,6 +120,14 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
                                    controls=prof.controls, steps=prof.steps, existing=load_spec(out)))
     if jobs is None:
         jobs = 1 if base.train.device.startswith("cuda") else max(1, min(available_cores(), 8))
+    rungs = [] if prof.ladder is None else ladder_specs(prof.ladder, out, prof.preset, overrides,
+                                                          (base.model.hidden_size, prof.steps))
+    if rungs:
+        lad = prof.ladder
+        log(f"scaling-fit ladder: H {', '.join(map(str, lad.hidden))} × {', '.join(map(str, lad.steps))} steps, "
+            f"dP 0 and dP/H = {lad.ratio:g}, {lad.seeds} seeds ({len(rungs)} sweeps in {out / 'ladder'}, after the "
+            "study)")
+        log(study_estimate([(out, spec), *rungs], jobs) + "\n")
     run_sweep(out, spec, jobs=jobs, progress=progress, log=log)
     paths = write_report(out)
     report = next(p for p in paths if p.suffix == ".html")
@@ -123,6 +135,13 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
     log("\nFindings" + findings.rstrip())
     log(f"\nReport: {report} (Markdown beside it: {report.with_suffix('.md')}); "
         f"plelab advise {out} recommends a dP from it.")
+    if rungs:
+        for folder, rung in rungs:
+            run_sweep(folder, rung, jobs=jobs, progress=progress, log=log)
+        fit = fit_runs([out])
+        write_json(out / "report" / "fit.json", fit)
+        log(f"\nScaling fit over every finished run in {out} (plelab fit {out}; JSON: {out / 'report' / 'fit.json'})\n"
+            + fit_text(fit))
     if prof.visual:
         run_visual_part(out / "visual", "quick" if profile == "quick" else "demo", jobs, progress, log, forced)
     log(f"Demo wall time {time.perf_counter() - started:.0f} s.")

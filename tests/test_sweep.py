@@ -395,6 +395,6 @@ def test_sweep_clock_states_the_runtime_from_flops_and_measured_rates(tmp_path):
     (jobs[0].path / "summary.json").write_text(json.dumps({"wall_seconds": 30.0}))
     fresh.finished(jobs[0])  # the measured rate replaces the assumed one: 3 runs × 30 s over 2 workers
     assert fresh.remaining() == pytest.approx(45.0) and fresh.left_line() == "3 left, ≈ 45 s"
-    resumed = SweepClock(jobs, {"r0"}, workers=1, threads=2, device="cuda")
+    resumed = SweepClock(jobs, {jobs[0].path}, workers=1, threads=2, device="cuda")
     assert resumed.remaining() == pytest.approx(90.0) and "measured on 1 finished run" in resumed.estimate_line()
     assert [duration(s) for s in (44, 600, 3900)] == ["44 s", "10 min", "1 h 05 min"]

@@ -303,3 +303,26 @@ def test_gate_mechanism_shows_only_when_a_gate_closes_below_an_open_one():
     reversed_ = _with_gates(_synthetic(losses, controls=["gate-scalar"]),  # closed only above an open dP: no show
                             {"dp4-gate-scalar": [0.8, 0.9, 1.1], "dp8-gate-scalar": [0.01, 0.02, 0.03]})
     assert gate_mechanism(reversed_)["families"]["gate-scalar"].startswith("gate-scalar: mixed")
+
+
+def test_fit_ladder_adds_every_rung_but_the_studys_own(tmp_path):
+    from plelab.demo import PROFILES
+    from plelab.errors import ConfigError
+    from plelab.sweeps.fit_ladder import FitLadder, ladder_specs
+    from plelab.sweeps.runner import study_estimate
+
+    lad = PROFILES["long"].ladder
+    plans = ladder_specs(lad, tmp_path, "cpu-long-h160", ["data.embedded=packages"], (160, 2300))
+    assert len(plans) == 4 * 3 - 1 and all(f.parent == tmp_path / "ladder" for f, _ in plans)
+    by_name = {f.name: s for f, s in plans}
+    assert "H160-s2300" not in by_name and set(by_name) >= {"H40-s575", "H160-s1150"}
+    rung = by_name["H40-s575"]
+    assert rung.steps == 575 and len(rung.seeds) == 2
+    assert "model.hidden_size=40" in rung.overrides and "model.intermediate_size=80" in rung.overrides  # FFN 2H held
+    assert [a.overrides for a in rung.runnable()] == [["ple.dim=0"], ["ple.dim=4"]]  # dP/H = 0.1
+    line = study_estimate(plans, jobs=2)
+    assert line.startswith("the whole study, 11 sweep(s): estimated runtime") and "44 run(s)" in line
+    with pytest.raises(ConfigError, match="dP/H = 0.1 at H = 44 is dP 4.4, not a whole number"):
+        ladder_specs(FitLadder((44, 80), (575,), 0.1), tmp_path, "cpu-long-h160", [], (160, 2300))
+    with pytest.raises(ConfigError, match="at least 2 seeds"):
+        ladder_specs(FitLadder((40,), (575,), 0.1, seeds=1), tmp_path, "cpu-long-h160", [], (160, 2300))

@@ -50,26 +50,27 @@ def duration(seconds: float) -> str:
 
 
 class SweepClock:
-    """The running estimate of one sweep. ``jobs``: the sweep's :class:`~plelab.sweeps.runner.RunJob` list
-    (``.path``, ``.cfg``, ``.name``); ``done``: the names already finished; ``workers`` run at once with
-    ``threads`` each on ``device`` (``cpu`` | ``cuda``)."""
+    """The running estimate of one sweep, or of several (a study in pieces). ``jobs``: their
+    :class:`~plelab.sweeps.runner.RunJob` lists (``.path``, ``.cfg``), each run known by its folder; ``done``:
+    the folders already finished; ``workers`` run at once with ``threads`` each on ``device`` (``cpu`` |
+    ``cuda``)."""
 
-    def __init__(self, jobs: Sequence, done: set[str], workers: int, threads: int, device: str) -> None:
-        self.flops = {j.name: run_flops(j.cfg) for j in jobs}
-        self.left = {j.name for j in jobs} - set(done)
+    def __init__(self, jobs: Sequence, done: set[Path], workers: int, threads: int, device: str) -> None:
+        self.flops = {j.path: run_flops(j.cfg) for j in jobs}
+        self.left = set(self.flops) - set(done)
         self.workers, self.threads, self.device = max(1, workers), max(1, threads), device
         self.measured_flops = self.measured_seconds = 0.0
         self.measured_runs = 0
         for j in jobs:
-            if j.name in done:
+            if j.path in done:
                 self.finished(j)
 
     def finished(self, job) -> None:
         """Record a finished run (its summary's wall time joins the measured rate)."""
-        self.left.discard(job.name)
+        self.left.discard(job.path)
         wall = finished_wall(job.path)
         if wall and wall > 0:
-            self.measured_flops += self.flops[job.name]
+            self.measured_flops += self.flops[job.path]
             self.measured_seconds += wall
             self.measured_runs += 1
 

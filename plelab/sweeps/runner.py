@@ -230,6 +230,16 @@ def _precision_line(choice: PrecisionChoice, jobs: list[RunJob], device: str) ->
             (f"; arms with their own: {', '.join(other)}" if other else ""))
 
 
+def study_estimate(plans: list[tuple[Path, SweepSpec]], jobs: int) -> str:
+    """The runtime line of a study run as several sweeps, one after another (``(folder, spec)`` each), before any
+    of them starts: one :class:`~plelab.sweeps.eta.SweepClock` over all their runs."""
+    every = [j for root, spec in plans for j in jobs_of(Path(root), spec)]
+    done = {j.path for j in every if run_state(j) == "done"}
+    clock = SweepClock(every, done, max(1, min(jobs, len(every) - len(done))), max(1, available_cores() // jobs),
+                       _device(plans[0][1]))
+    return f"the whole study, {len(plans)} sweep(s): " + clock.estimate_line()
+
+
 def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool = True, log=say) -> list[RunJob]:
     """Run every unfinished run of ``spec`` in ``root``; return all runs. Raises if any run failed. Says the
     estimated runtime before (:class:`~plelab.sweeps.eta.SweepClock`), what is left after each run, and the
@@ -245,8 +255,8 @@ def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool =
         device = _device(spec)
         log(_precision_line(choice, all_jobs, device))
         workers = max(1, min(jobs, len(todo)))
-        clock = SweepClock(all_jobs, {j.name for j in all_jobs} - {j.name for j in todo}, workers,
-                           available_cores() // workers if jobs > 1 else available_cores(), device)
+        clock = SweepClock(all_jobs, {j.path for j in all_jobs} - {j.path for j in todo}, workers,
+                           max(1, available_cores() // jobs), device)  # the threads _run_workers gives each
         estimate = clock.remaining()
         if todo:
             log(clock.estimate_line())
