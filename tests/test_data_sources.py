@@ -1,6 +1,7 @@
 """Users' data: every supported format for real, and a one-line error for every bad input."""
 
 import json
+import re
 
 import pytest
 
@@ -187,7 +188,7 @@ def test_packages_corpus_refusals(monkeypatch):
 
     with pytest.raises(ConfigError, match="data.embedded.*stdlib when --data is given"):
         resolve_config("cpu-tiny", ["data.embedded=packages", "data.path=corpus.txt"])
-    with pytest.raises(ConfigError, match="allowed stdlib | packages"):
+    with pytest.raises(ConfigError, match=re.escape("data.embedded='wiki': allowed stdlib | packages")):
         resolve_config("cpu-tiny", ["data.embedded=wiki"])
     monkeypatch.setattr(corpus_mod, "PACKAGE_CORPUS", ("numpy", "plelab_not_installed"))
     with pytest.raises(PlelabError, match="plelab_not_installed is not installed: pip install plelab_not_installed"):

@@ -67,6 +67,8 @@ def test_a_study_resolves_once_keeps_fp32_on_cpu_and_a_grown_sweep_keeps_what_it
     jobs = _prepare(tmp_path / "a", spec, choice.resolved)  # writes every run's config.json
     line = _precision_line(choice, jobs, _device(spec))  # what run_sweep prints once
     assert line.startswith("precision fp32 — auto: a CPU study trains in fp32") and line.endswith("own: bf16")
+    jobs[0].cfg.train.precision = "auto"  # a run started before precision was resolved: fp32 on this CPU
+    assert _precision_line(choice, jobs, _device(spec)) == line
     # a sweep started where its study resolved otherwise (e.g. on a GPU) grows in what its runs recorded
     cfg_file = tmp_path / "a" / "runs" / "dp0" / "seed-0" / "config.json"
     saved = json.loads(cfg_file.read_text())

@@ -384,7 +384,7 @@ def test_sweep_clock_states_the_runtime_from_flops_and_measured_rates(tmp_path):
 
     cfg = resolve_config("cpu-tiny", ["train.steps=100", "train.eval_every=50", "train.eval_batches=2"])
     per_token, tokens = flops_per_token(cfg.model, cfg.ple, 64), 8 * 64
-    assert run_flops(cfg) == per_token * 100 * tokens + per_token / 3 * 3 * 2 * tokens  # 3 evals: 0, 50, 100
+    assert run_flops(cfg) == per_token * 100 * tokens + per_token / 3 * 2 * 2 * tokens  # evals at 50 and 100
     jobs = [SimpleNamespace(name=f"r{i}", path=tmp_path / f"r{i}", cfg=cfg) for i in range(4)]
     for j in jobs:
         j.path.mkdir()
@@ -398,3 +398,13 @@ def test_sweep_clock_states_the_runtime_from_flops_and_measured_rates(tmp_path):
     resumed = SweepClock(jobs, {jobs[0].path}, workers=1, threads=2, device="cuda")
     assert resumed.remaining() == pytest.approx(90.0) and "measured on 1 finished run" in resumed.estimate_line()
     assert [duration(s) for s in (44, 600, 3900)] == ["44 s", "10 min", "1 h 05 min"]
+    (jobs[1].path / "checkpoints" / "step-000050").mkdir(parents=True)  # half done: owes half its FLOPs
+    half = SweepClock(jobs, set(), workers=1, threads=1, device="cpu", cores=2)
+    assert half.remaining() == pytest.approx(3.5 * run_flops(cfg) / ASSUMED_CORE_FLOPS)
+    half.finished(jobs[1], elapsed=10.0)  # watched from its checkpoint: half the FLOPs in 10 s
+    assert half.rate()[0] == pytest.approx(run_flops(cfg) / 2 / 10.0)
+    crowded = SweepClock(jobs, set(), workers=4, threads=1, device="cpu", cores=2)  # 4 workers on 2 cores
+    assert crowded.remaining() == pytest.approx(3.5 * run_flops(cfg) / (2 * ASSUMED_CORE_FLOPS))
+    one_by_one = SweepClock(jobs, set(), workers=2, threads=1, device="cpu", cores=2)  # two sweeps, in turn
+    assert one_by_one.remaining([[j.path for j in jobs[:1]], [j.path for j in jobs[1:]]], [1, 2]) == pytest.approx(
+        (run_flops(cfg) + 2.5 * run_flops(cfg) / 2) / ASSUMED_CORE_FLOPS)

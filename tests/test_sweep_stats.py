@@ -303,6 +303,11 @@ def test_gate_mechanism_shows_only_when_a_gate_closes_below_an_open_one():
     reversed_ = _with_gates(_synthetic(losses, controls=["gate-scalar"]),  # closed only above an open dP: no show
                             {"dp4-gate-scalar": [0.8, 0.9, 1.1], "dp8-gate-scalar": [0.01, 0.02, 0.03]})
     assert gate_mechanism(reversed_)["families"]["gate-scalar"].startswith("gate-scalar: mixed")
+    unread = _with_gates(_synthetic(losses, controls=["gate-scalar"]), {"dp4-gate-scalar": [0.01, 0.02, 0.03]})
+    for run in unread.runs["dp8-gate-scalar"].values():
+        run.signal = {}  # no live diagnostics (train.diag_every=0): never counted as open
+    assert gate_mechanism(unread)["families"]["gate-scalar"].startswith(
+        "gate-scalar: no verdict — 3 run(s) have no gate reading (dP 8;")
 
 
 def test_fit_ladder_adds_every_rung_but_the_studys_own(tmp_path):
@@ -323,6 +328,8 @@ def test_fit_ladder_adds_every_rung_but_the_studys_own(tmp_path):
     line = study_estimate(plans, jobs=2)
     assert line.startswith("the whole study, 11 sweep(s): estimated runtime") and "44 run(s)" in line
     with pytest.raises(ConfigError, match="dP/H = 0.1 at H = 44 is dP 4.4, not a whole number"):
-        ladder_specs(FitLadder((44, 80), (575,), 0.1), tmp_path, "cpu-long-h160", [], (160, 2300))
+        ladder_specs(FitLadder((44, 160), (575, 2300), 0.1), tmp_path, "cpu-long-h160", [], (160, 2300))
     with pytest.raises(ConfigError, match="at least 2 seeds"):
-        ladder_specs(FitLadder((40,), (575,), 0.1, seeds=1), tmp_path, "cpu-long-h160", [], (160, 2300))
+        ladder_specs(FitLadder((40, 160), (2300,), 0.1, seeds=1), tmp_path, "cpu-long-h160", [], (160, 2300))
+    with pytest.raises(ConfigError, match="the study's own H = 160, 2300 steps is not one of its cells"):
+        ladder_specs(FitLadder((40, 80), (575,), 0.1), tmp_path, "cpu-long-h160", [], (160, 2300))

@@ -2,11 +2,13 @@
 
 Each run's cost is its model FLOPs: training ``flops_per_token × steps × batch × seq_len``
 (:func:`plelab.model.accounting.flops_per_token`) plus its evaluations' forward passes (a third of that per token).
-The rate that turns FLOPs into seconds is *measured* — total FLOPs over total ``wall_seconds`` of the sweep's
-finished runs (their ``summary.json``), so data loading, diagnostics and the visual parts are priced in — or,
-before any run has finished on a CPU, *assumed*: :data:`ASSUMED_CORE_FLOPS` per thread, what the CPU-scale
-presets sustain on the 2-core machines measured here (BENCHMARKS.md, "Sweep runtime estimates"). Runs in
-parallel workers share the wall clock, so the remaining time is the remaining FLOPs over ``workers × rate``.
+The rate that turns FLOPs into seconds is *measured* — total FLOPs over total seconds of the sweep's
+finished runs (the seconds each run's worker took, start-up and data loading included, for the runs this sweep
+watched; for runs finished before, their ``summary.json`` wall time: the training loop with its evaluations,
+diagnostics, checkpoints and visual parts, but not the start-up) — or, before any run has finished on
+a CPU, *assumed*: :data:`ASSUMED_CORE_FLOPS` per thread, never more threads than cores (BENCHMARKS.md, "Sweep
+runtime estimates"). Runs in parallel workers share the wall clock, so the remaining time is the remaining FLOPs
+over ``workers × rate``; a run resumed from a checkpoint owes only its steps after it.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from pathlib import Path
 
 from plelab.config import RunConfig
 from plelab.model.accounting import flops_per_token
+from plelab.runtime import available_cores
 
 # Model FLOP/s one CPU thread sustains on the CPU-scale presets: the median 1-thread worker of the visual studies'
-# cpu-tiny runs on a 2-core AMD EPYC measured 27.4 GFLOP/s (bench/sweep_rates.py, BENCHMARKS.md); larger presets
-# run faster, so the estimate before a sweep's first run finishes errs long.
+# cpu-tiny runs on a 2-core AMD EPYC measured 27.4 GFLOP/s (bench/sweep_rates.py; BENCHMARKS.md, "Sweep runtime
+# estimates").
 ASSUMED_CORE_FLOPS = 28e9
 
 
@@ -29,8 +32,15 @@ def run_flops(cfg: RunConfig) -> float:
     t = cfg.train
     per_token = flops_per_token(cfg.model, cfg.ple, t.seq_len)
     train = per_token * t.steps * t.batch_size * t.seq_len
-    evals = t.steps // t.eval_every + 1 if t.eval_every > 0 else 1
+    evals = -(-t.steps // t.eval_every)  # every eval_every steps and at the last (the trainer never evaluates step 0)
     return train + per_token / 3 * evals * t.eval_batches * t.batch_size * t.seq_len
+
+
+def steps_done(path: Path) -> int:
+    """The step of a run folder's newest checkpoint (what a resume starts from); 0 without one."""
+    steps = [int(c.name.removeprefix("step-")) for c in (path / "checkpoints").glob("step-*")
+             if c.name.removeprefix("step-").isdigit()]
+    return max(steps, default=0)
 
 
 def finished_wall(path: Path) -> float | None:
@@ -55,22 +65,28 @@ class SweepClock:
     the folders already finished; ``workers`` run at once with ``threads`` each on ``device`` (``cpu`` |
     ``cuda``)."""
 
-    def __init__(self, jobs: Sequence, done: set[Path], workers: int, threads: int, device: str) -> None:
+    def __init__(self, jobs: Sequence, done: set[Path], workers: int, threads: int, device: str,
+                 cores: int | None = None) -> None:
         self.flops = {j.path: run_flops(j.cfg) for j in jobs}
+        # what each unfinished run still owes: the steps after its newest checkpoint
+        self.owed = {j.path: self.flops[j.path] * max(0.0, 1 - steps_done(j.path) / max(1, j.cfg.train.steps))
+                     for j in jobs if j.path not in done}
         self.left = set(self.flops) - set(done)
         self.workers, self.threads, self.device = max(1, workers), max(1, threads), device
+        self.cores = cores or available_cores()
         self.measured_flops = self.measured_seconds = 0.0
         self.measured_runs = 0
         for j in jobs:
             if j.path in done:
                 self.finished(j)
 
-    def finished(self, job) -> None:
-        """Record a finished run (its summary's wall time joins the measured rate)."""
+    def finished(self, job, elapsed: float | None = None) -> None:
+        """Record a finished run: ``elapsed``, the seconds its worker took as this sweep watched it (start-up and
+        data loading included), or else its summary's training wall time joins the measured rate."""
         self.left.discard(job.path)
-        wall = finished_wall(job.path)
-        if wall and wall > 0:
-            self.measured_flops += self.flops[job.path]
+        wall = elapsed if elapsed is not None else finished_wall(job.path)
+        if wall and wall > 0:  # a run watched from a resume did only what it owed
+            self.measured_flops += self.owed.get(job.path, self.flops[job.path]) if elapsed else self.flops[job.path]
             self.measured_seconds += wall
             self.measured_runs += 1
 
@@ -80,27 +96,37 @@ class SweepClock:
             r = self.measured_flops / self.measured_seconds
             return r, f"{r / 1e9:.1f} GFLOP/s per worker, measured on {self.measured_runs} finished run(s)"
         if self.device == "cpu":
-            r = ASSUMED_CORE_FLOPS * self.threads
-            return r, f"{r / 1e9:.0f} GFLOP/s per worker assumed ({self.threads} thread(s)); refined as runs finish"
+            threads = min(self.threads, self.cores / self.workers)  # workers beyond the cores share them
+            r = ASSUMED_CORE_FLOPS * threads
+            return r, f"{r / 1e9:.0f} GFLOP/s per worker assumed ({threads:g} thread(s)); refined as runs finish"
         return None, "no estimate on a GPU before its first run finishes"
 
-    def remaining(self) -> float | None:
+    def remaining(self, groups: Sequence[Sequence[Path]] | None = None, workers: Sequence[int] | None = None
+                  ) -> float | None:
+        """Seconds left: the owed FLOPs over ``workers × rate``; with ``groups`` (sweeps run one after another),
+        the sum over them, each with its own number of busy ``workers``."""
         r, _ = self.rate()
         if r is None:
             return None
-        return sum(self.flops[n] for n in self.left) / (r * self.workers)
+        if groups is None:
+            groups, workers = [list(self.left)], [self.workers]
+        return sum(sum(self.owed.get(p, 0.0) for p in group if p in self.left) / (r * w)
+                   for group, w in zip(groups, workers))
 
-    def estimate_line(self) -> str:
-        """Before the sweep: its remaining runtime, or why none is given."""
-        r, why = self.rate()
-        left = self.remaining()
+    def estimate_line(self, groups: Sequence[Sequence[Path]] | None = None,
+                      workers: Sequence[int] | None = None) -> str:
+        """Before the sweep (or the ``groups`` of sweeps, see :meth:`remaining`): its remaining runtime, or why
+        none is given."""
         if not self.left:
             return "nothing left to run"
+        r, why = self.rate()
+        left = self.remaining(groups, workers)
         if left is None:
             return f"runtime: {why}"
-        flops = sum(self.flops[n] for n in self.left)
+        flops = sum(self.owed.get(p, 0.0) for p in self.left)
+        most = self.workers if workers is None else max(workers)
         return (f"estimated runtime {duration(left)}: {len(self.left)} run(s), {flops:.3g} model FLOPs over "
-                f"{self.workers} worker(s) at {why}")
+                f"{most} worker(s) at {why}")
 
     def left_line(self) -> str:
         """After a run finishes: what is left, e.g. ``57 left, ≈ 1 h 26 min``."""

@@ -34,6 +34,9 @@ def ladder_specs(ladder: FitLadder, root: str | Path, preset: str, overrides: Se
     against what each folder already holds. A width whose ``ratio · H`` is not a whole dP is refused."""
     if ladder.seeds < 2:
         raise ConfigError(f"a fit ladder needs at least 2 seeds (the bootstrap resamples seeds), got {ladder.seeds}")
+    if own[0] not in ladder.hidden or own[1] not in ladder.steps:
+        raise ConfigError(f"fit ladder: the study's own H = {own[0]}, {own[1]} steps is not one of its cells "
+                          f"(H {ladder.hidden} × steps {ladder.steps}); include it, so the study's runs are a rung")
     base = resolve_config(preset, overrides)
     ffn = base.model.intermediate_size / base.model.hidden_size
     plans = []

@@ -218,11 +218,12 @@ def say(*args) -> None:
     print(*args, flush=True)  # visible at once in a redirected log of a long sweep
 
 
-def _device(spec: SweepSpec) -> str:
-    return resolve_device(resolve_config(spec.preset, spec.overrides, steps=spec.steps).train.device).type
+def _device(spec: SweepSpec):
+    """The torch.device the sweep's base config trains on."""
+    return resolve_device(resolve_config(spec.preset, spec.overrides, steps=spec.steps).train.device)
 
 
-def _precision_line(choice: PrecisionChoice, jobs: list[RunJob], device: str) -> str:
+def _precision_line(choice: PrecisionChoice, jobs: list[RunJob], device) -> str:
     """What the study trains in, once: the study's precision and why, and the arms that differ."""
     # a run started before precision was resolved recorded "auto" (fp32 on CPU, bf16 on CUDA)
     other = sorted({j.arm.name for j in jobs if legacy_precision(j.cfg.train.precision, device) != choice.resolved})
@@ -233,11 +234,14 @@ def _precision_line(choice: PrecisionChoice, jobs: list[RunJob], device: str) ->
 def study_estimate(plans: list[tuple[Path, SweepSpec]], jobs: int) -> str:
     """The runtime line of a study run as several sweeps, one after another (``(folder, spec)`` each), before any
     of them starts: one :class:`~plelab.sweeps.eta.SweepClock` over all their runs."""
-    every = [j for root, spec in plans for j in jobs_of(Path(root), spec)]
+    pieces = [jobs_of(Path(root), spec) for root, spec in plans]
+    every = [j for piece in pieces for j in piece]
     done = {j.path for j in every if run_state(j) == "done"}
-    clock = SweepClock(every, done, max(1, min(jobs, len(every) - len(done))), max(1, available_cores() // jobs),
-                       _device(plans[0][1]))
-    return f"the whole study, {len(plans)} sweep(s): " + clock.estimate_line()
+    clock = SweepClock(every, done, jobs, max(1, available_cores() // jobs), _device(plans[0][1]).type)
+    # the sweeps run one after another: each keeps at most as many workers busy as it has runs left
+    busy = [max(1, min(jobs, sum(j.path not in done for j in piece))) for piece in pieces]
+    return f"the whole study, {len(plans)} sweep(s): " + clock.estimate_line(
+        [[j.path for j in piece] for piece in pieces], busy)
 
 
 def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool = True, log=say) -> list[RunJob]:
@@ -256,7 +260,7 @@ def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool =
         log(_precision_line(choice, all_jobs, device))
         workers = max(1, min(jobs, len(todo)))
         clock = SweepClock(all_jobs, {j.path for j in all_jobs} - {j.path for j in todo}, workers,
-                           max(1, available_cores() // jobs), device)  # the threads _run_workers gives each
+                           max(1, available_cores() // jobs), device.type)  # the threads _run_workers gives each
         estimate = clock.remaining()
         if todo:
             log(clock.estimate_line())
@@ -286,7 +290,7 @@ def _run_in_process(todo: list[RunJob], bar, progress: bool, log, clock: SweepCl
         result = make_trainer(job.cfg, data_cache[key], job.path, resume=True, progress=progress,
                               log=lambda *a: None).fit()
         bar.update(1)
-        clock.finished(job)
+        clock.finished(job, time.perf_counter() - start)
         tail = f"val {result.final_val_loss:.4f}" if result.val_history else "done"
         (bar.write if progress else log)(f"  {job.name}: {tail} ({time.perf_counter() - start:.0f} s; "
                                          f"{clock.left_line()})")
@@ -321,7 +325,7 @@ def _run_workers(todo: list[RunJob], jobs: int, bar, report, clock: SweepClock) 
                     failed.append(job)
                     report(f"  {job.name}: FAILED (exit {proc.returncode}); see {job.path / 'train.log'}")
                 else:
-                    clock.finished(job)
+                    clock.finished(job, time.perf_counter() - start)
                     report(f"  {job.name}: done ({time.perf_counter() - start:.0f} s; {clock.left_line()})")
     finally:
         for job, proc, fh, _ in active:  # interrupted: stop the workers; their runs resume next time
