@@ -22,9 +22,9 @@ from plelab.model.accounting import flops_per_token
 from plelab.runtime import available_cores
 
 # Model FLOP/s one CPU thread sustains on the CPU-scale presets: the median 1-thread worker of the visual studies'
-# cpu-tiny runs on a 2-core AMD EPYC measured 27.4 GFLOP/s (bench/sweep_rates.py; BENCHMARKS.md, "Sweep runtime
-# estimates").
-ASSUMED_CORE_FLOPS = 28e9
+# cpu-tiny runs on a 2-core AMD EPYC measured 26.6 GFLOP/s (123 runs; bench/sweep_rates.py; BENCHMARKS.md, "Sweep
+# runtime estimates").
+ASSUMED_CORE_FLOPS = 27e9
 
 
 def run_flops(cfg: RunConfig) -> float:
