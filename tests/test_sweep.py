@@ -388,23 +388,25 @@ def test_sweep_clock_states_the_runtime_from_flops_and_measured_rates(tmp_path):
     jobs = [SimpleNamespace(name=f"r{i}", path=tmp_path / f"r{i}", cfg=cfg) for i in range(4)]
     for j in jobs:
         j.path.mkdir()
-    fresh = SweepClock(jobs, set(), workers=2, threads=1, device="cpu")
+    fresh = SweepClock(jobs, set(), workers=2, threads=1, device="cpu", overhead=0)
     assert fresh.remaining() == pytest.approx(4 * run_flops(cfg) / (2 * ASSUMED_CORE_FLOPS))
     assert "assumed" in fresh.estimate_line() and "4 run(s)" in fresh.estimate_line()
-    assert SweepClock(jobs, set(), 1, 1, "cuda").remaining() is None  # a GPU is never assumed
+    assert SweepClock(jobs, set(), 1, 1, "cuda", overhead=0).remaining() is None  # a GPU is never assumed
     (jobs[0].path / "summary.json").write_text(json.dumps({"wall_seconds": 30.0}))
     fresh.finished(jobs[0])  # the measured rate replaces the assumed one: 3 runs × 30 s over 2 workers
     assert fresh.remaining() == pytest.approx(45.0) and fresh.left_line() == "3 left, ≈ 45 s"
-    resumed = SweepClock(jobs, {jobs[0].path}, workers=1, threads=2, device="cuda")
+    resumed = SweepClock(jobs, {jobs[0].path}, workers=1, threads=2, device="cuda", overhead=0)
     assert resumed.remaining() == pytest.approx(90.0) and "measured on 1 finished run" in resumed.estimate_line()
     assert [duration(s) for s in (44, 600, 3900)] == ["44 s", "10 min", "1 h 05 min"]
     (jobs[1].path / "checkpoints" / "step-000050").mkdir(parents=True)  # half done: owes half its FLOPs
-    half = SweepClock(jobs, set(), workers=1, threads=1, device="cpu", cores=2)
+    half = SweepClock(jobs, set(), workers=1, threads=1, device="cpu", cores=2, overhead=0)
     assert half.remaining() == pytest.approx(3.5 * run_flops(cfg) / ASSUMED_CORE_FLOPS)
     half.finished(jobs[1], elapsed=10.0)  # watched from its checkpoint: half the FLOPs in 10 s
     assert half.rate()[0] == pytest.approx(run_flops(cfg) / 2 / 10.0)
-    crowded = SweepClock(jobs, set(), workers=4, threads=1, device="cpu", cores=2)  # 4 workers on 2 cores
+    crowded = SweepClock(jobs, set(), workers=4, threads=1, device="cpu", cores=2, overhead=0)  # 4 workers on 2 cores
     assert crowded.remaining() == pytest.approx(3.5 * run_flops(cfg) / (2 * ASSUMED_CORE_FLOPS))
-    one_by_one = SweepClock(jobs, set(), workers=2, threads=1, device="cpu", cores=2)  # two sweeps, in turn
+    one_by_one = SweepClock(jobs, set(), workers=2, threads=1, device="cpu", cores=2, overhead=3.0)  # in turn
     assert one_by_one.remaining([[j.path for j in jobs[:1]], [j.path for j in jobs[1:]]], [1, 2]) == pytest.approx(
-        (run_flops(cfg) + 2.5 * run_flops(cfg) / 2) / ASSUMED_CORE_FLOPS)
+        (run_flops(cfg) + 2.5 * run_flops(cfg) / 2) / ASSUMED_CORE_FLOPS + 3.0 + 3 * 3.0 / 2)  # + start-ups
+    one_by_one.finished(jobs[2], elapsed=13.0)  # its 3 s of start-up are not training: the full run in 10 s
+    assert one_by_one.rate()[0] == pytest.approx(run_flops(cfg) / 10.0)

@@ -8,7 +8,8 @@ watched; for runs finished before, their ``summary.json`` wall time: the trainin
 diagnostics, checkpoints and visual parts, but not the start-up) — or, before any run has finished on
 a CPU, *assumed*: :data:`ASSUMED_CORE_FLOPS` per thread, never more threads than cores (BENCHMARKS.md, "Sweep
 runtime estimates"). Runs in parallel workers share the wall clock, so the remaining time is the remaining FLOPs
-over ``workers × rate``; a run resumed from a checkpoint owes only its steps after it.
+over ``workers × rate``, plus :data:`RUN_OVERHEAD_S` of start-up per run left (what dominates tiny runs); a run
+resumed from a checkpoint owes only its steps after it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from plelab.runtime import available_cores
 # cpu-tiny runs on a 2-core AMD EPYC measured 26.6 GFLOP/s (123 runs; bench/sweep_rates.py; BENCHMARKS.md, "Sweep
 # runtime estimates").
 ASSUMED_CORE_FLOPS = 27e9
+# A worker's start-up per run — interpreter, imports, the prepared data from the cache — which FLOPs do not
+# price: ≈ 4 s on the 2-core machines measured here (BENCHMARKS.md, "Sweep workers").
+RUN_OVERHEAD_S = 4.0
 
 
 def run_flops(cfg: RunConfig) -> float:
@@ -66,14 +70,14 @@ class SweepClock:
     ``cuda``)."""
 
     def __init__(self, jobs: Sequence, done: set[Path], workers: int, threads: int, device: str,
-                 cores: int | None = None) -> None:
+                 cores: int | None = None, overhead: float = RUN_OVERHEAD_S) -> None:
         self.flops = {j.path: run_flops(j.cfg) for j in jobs}
         # what each unfinished run still owes: the steps after its newest checkpoint
         self.owed = {j.path: self.flops[j.path] * max(0.0, 1 - steps_done(j.path) / max(1, j.cfg.train.steps))
                      for j in jobs if j.path not in done}
         self.left = set(self.flops) - set(done)
         self.workers, self.threads, self.device = max(1, workers), max(1, threads), device
-        self.cores = cores or available_cores()
+        self.cores, self.overhead = cores or available_cores(), overhead
         self.measured_flops = self.measured_seconds = 0.0
         self.measured_runs = 0
         for j in jobs:
@@ -81,10 +85,10 @@ class SweepClock:
                 self.finished(j)
 
     def finished(self, job, elapsed: float | None = None) -> None:
-        """Record a finished run: ``elapsed``, the seconds its worker took as this sweep watched it (start-up and
-        data loading included), or else its summary's training wall time joins the measured rate."""
+        """Record a finished run: ``elapsed``, the seconds its worker took as this sweep watched it (less the
+        start-up, priced apart), or else its summary's training wall time joins the measured rate."""
         self.left.discard(job.path)
-        wall = elapsed if elapsed is not None else finished_wall(job.path)
+        wall = finished_wall(job.path) if elapsed is None else max(0.1 * elapsed, elapsed - self.overhead)
         if wall and wall > 0:  # a run watched from a resume did only what it owed
             self.measured_flops += self.owed.get(job.path, self.flops[job.path]) if elapsed else self.flops[job.path]
             self.measured_seconds += wall
@@ -110,8 +114,8 @@ class SweepClock:
             return None
         if groups is None:
             groups, workers = [list(self.left)], [self.workers]
-        return sum(sum(self.owed.get(p, 0.0) for p in group if p in self.left) / (r * w)
-                   for group, w in zip(groups, workers))
+        return sum((sum(self.owed.get(p, 0.0) for p in group if p in self.left) / r
+                    + self.overhead * sum(p in self.left for p in group)) / w for group, w in zip(groups, workers))
 
     def estimate_line(self, groups: Sequence[Sequence[Path]] | None = None,
                       workers: Sequence[int] | None = None) -> str:
