@@ -26,12 +26,14 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
+from plelab.config.schema import EmbeddedCorpus
 from plelab.errors import PlelabError
 from plelab.io import cache_dir, write_json
 
 _EXTRACTOR_VERSION = 1  # bump when the extraction rules change
-EMBEDDED = ("stdlib", "packages")  # the values of data.embedded
+EMBEDDED = get_args(EmbeddedCorpus)  # the values of data.embedded
 # Installed with every plelab: its own dependencies (torch, numpy, scipy, matplotlib) and torch's (sympy, its
 # mpmath, networkx). Distribution and import names agree for all of them.
 PACKAGE_CORPUS = ("torch", "numpy", "scipy", "matplotlib", "sympy", "mpmath", "networkx")

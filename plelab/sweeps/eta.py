@@ -3,9 +3,9 @@
 Each run's cost is its model FLOPs: training ``flops_per_token × steps × batch × seq_len``
 (:func:`plelab.model.accounting.flops_per_token`) plus its evaluations' forward passes (a third of that per token).
 The rate that turns FLOPs into seconds is *measured* — total FLOPs over total seconds of the sweep's
-finished runs (the seconds each run's worker took, start-up and data loading included, for the runs this sweep
-watched; for runs finished before, their ``summary.json`` wall time: the training loop with its evaluations,
-diagnostics, checkpoints and visual parts, but not the start-up) — or, before any run has finished on
+finished runs (for the runs this sweep watched, the seconds each run's worker took less the start-up priced apart;
+for runs finished before, their ``summary.json`` wall time: the training loop with its evaluations,
+diagnostics, checkpoints and visual parts) — or, before any run has finished on
 a CPU, *assumed*: :data:`ASSUMED_CORE_FLOPS` per thread, never more threads than cores (BENCHMARKS.md, "Sweep
 runtime estimates"). Runs in parallel workers share the wall clock, so the remaining time is the remaining FLOPs
 over ``workers × rate``, plus :data:`RUN_OVERHEAD_S` of start-up per run left (what dominates tiny runs); a run
@@ -21,6 +21,7 @@ from pathlib import Path
 from plelab.config import RunConfig
 from plelab.model.accounting import flops_per_token
 from plelab.runtime import available_cores
+from plelab.training.checkpoint import list_checkpoints
 
 # Model FLOP/s one CPU thread sustains on the CPU-scale presets: the median 1-thread worker of the visual studies'
 # cpu-tiny runs on a 2-core AMD EPYC measured 26.6 GFLOP/s (123 runs; bench/sweep_rates.py; BENCHMARKS.md, "Sweep
@@ -41,10 +42,9 @@ def run_flops(cfg: RunConfig) -> float:
 
 
 def steps_done(path: Path) -> int:
-    """The step of a run folder's newest checkpoint (what a resume starts from); 0 without one."""
-    steps = [int(c.name.removeprefix("step-")) for c in (path / "checkpoints").glob("step-*")
-             if c.name.removeprefix("step-").isdigit()]
-    return max(steps, default=0)
+    """The step of a run folder's newest complete checkpoint (what a resume starts from); 0 without one."""
+    found = list_checkpoints(path)
+    return int(found[-1].name.removeprefix("step-")) if found else 0
 
 
 def finished_wall(path: Path) -> float | None:

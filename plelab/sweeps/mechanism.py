@@ -35,7 +35,7 @@ def gate_mechanism(res) -> dict:
             continue
         gate, init = ple["gate"], ple["gate_init"]
         gates = [r.signal.get("gate") for r in runs]
-        learned = gate in ("scalar", "vector") and ple.get("gate_learn", True) and init != 0
+        learned = gate in ("scalar", "vector") and ple["gate_learn"] and init != 0
         read = [g for g in gates if g is not None]
         closed = sum(g < CLOSED_FRACTION * abs(init) for g in read) if learned else None
         activity = _mean(gates)
