@@ -29,7 +29,8 @@ _EXPORTS: dict[str, str] = {
     "IIDTableIds": "plelab.model.ple", "token_table_ids": "plelab.model.ple", "frequency_rows": "plelab.model.ple",
     # what the CLI verbs do
     "train": "plelab.runs", "evaluate": "plelab.training.evaluate", "diagnose": "plelab.integrations.checkpoints",
-    "sweep": "plelab.sweeps.commands", "report": "plelab.reports", "plan": "plelab.sweeps.planning",
+    "sweep": "plelab.sweeps.commands", "pack": "plelab.sweeps.commands", "report": "plelab.reports",
+    "plan": "plelab.sweeps.planning",
     "ingest": "plelab.data.pipeline", "prepare_data": "plelab.data.pipeline", "ladder": "plelab.sweeps.ladder",
     "fit_runs": "plelab.sweeps.scaling_runs", "fit_study": "plelab.sweeps.scaling",
     "calibrate": "plelab.calibration.commands", "verdict_reliability": "plelab.diagnostics.verdict",

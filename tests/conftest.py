@@ -32,6 +32,18 @@ def tiny_cfg():
 
 
 @pytest.fixture(scope="session")
+def sweep_dir(tmp_path_factory, tiny_data):
+    """The suite's tiny dP sweep (``tests/tiny_sweeps.py``), run once; tests read it and may add reports to it."""
+    from tiny_sweeps import tiny_spec
+
+    from plelab.sweeps.runner import run_sweep
+
+    root = tmp_path_factory.mktemp("sweep")
+    run_sweep(root, tiny_spec(), progress=False, log=lambda *a: None)
+    return root
+
+
+@pytest.fixture(scope="session")
 def tiny_data():
     """The embedded corpus tokenised with a 512-entry BPE (trained once per session)."""
     from plelab.data import get_tokenizer, load_corpus, prepare_tokens

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_sweeps import TINY, tiny_spec
 
 from plelab.cli import main
 from plelab.config import resolve_config
@@ -25,22 +26,7 @@ from plelab.sweeps.runner import jobs_of, run_config, run_state, run_sweep
 from plelab.sweeps.spec import SweepSpec, dp_arms, load_spec, merge_spec
 from plelab.training.optim import optimizer_groups
 
-TINY = ["train.eval_every=10", "train.early_checkpoint=10", "train.diag_every=5", "train.checkpoint_every=0",
-        "train.diag_windows=16"]
-
-
-def _spec(**kw) -> SweepSpec:
-    args = dict(preset="cpu-tiny", overrides=list(TINY), arms=dp_arms([0, 8, 16], ["matched", "frozen", "zero"]),
-                seeds=[0, 1], steps=30)
-    args.update(kw)
-    return SweepSpec(**args)
-
-
-@pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory, tiny_data):
-    root = tmp_path_factory.mktemp("sweep")
-    run_sweep(root, _spec(), progress=False, log=lambda *a: None)
-    return root
+_spec = tiny_spec
 
 
 def test_pairing_same_trunk_and_data_order_across_arms(tiny_data):
@@ -332,6 +318,7 @@ def test_report_needs_the_baseline(tmp_path, capsys):
     spec = SweepSpec(preset="cpu-tiny", overrides=list(TINY), arms=dp_arms([0, 8]), seeds=[0], steps=12)
     run_sweep(root, spec, progress=False, log=lambda *a: None)
     shutil.rmtree(root / "runs" / "dp0")
+    shutil.rmtree(root / "records" / "dp0")  # a run's record keeps it finished without its folder
     assert main(["report", str(root)]) == 2
     err = capsys.readouterr().err
     assert "baseline dp0 has no finished run" in err and err.count("\n") == 1

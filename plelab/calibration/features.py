@@ -36,7 +36,7 @@ from plelab.diagnostics.verdict import use_z
 from plelab.errors import PlelabError
 from plelab.runs import prepare_data
 from plelab.sweeps.results import checkpoint_path
-from plelab.sweeps.runner import RunJob, jobs_of, run_state
+from plelab.sweeps.runner import RunJob, folder_done, jobs_of, run_state
 from plelab.sweeps.spec import load_spec
 
 LAST_K = 3  # a run's final loss: the mean of its last 3 evaluations (the sweeps' rule)
@@ -147,6 +147,10 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
     if unfinished:
         raise PlelabError(f"{folder}: {len(unfinished)} runs are not finished (e.g. {unfinished[0]}); rerun plelab "
                           "calibrate with the same --out to finish them")
+    recorded = [j.name for j in jobs if not folder_done(j)]
+    if recorded:
+        raise PlelabError(f"{folder}: {len(recorded)} runs are held only as records (e.g. {recorded[0]}), without the "
+                          "checkpoints calibration reads at every decision point; calibrate where the run folders are")
     scale, _, corpus = folder.name.partition("-")
     every = spec.steps // DECISIONS
     steps = [every * k for k in range(1, DECISIONS + 1)]

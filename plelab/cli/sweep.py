@@ -12,7 +12,7 @@ from plelab.errors import ConfigError
 from plelab.io import json_safe, write_json
 from plelab.reports import report
 from plelab.sweeps.advise import recommend
-from plelab.sweeps.commands import options_of, sweep
+from plelab.sweeps.commands import options_of, pack, sweep
 from plelab.sweeps.ladder import GPU_BF16_PEAK, Assumptions, ladder, ladder_text
 from plelab.sweeps.planning import plan, plan_text
 from plelab.sweeps.scaling_runs import fit_runs, fit_text
@@ -109,6 +109,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pack(args: argparse.Namespace) -> int:
+    r = pack(args.src, args.dest)
+    print(f"packed {r['records']} finished run(s) of {r['sweeps']} sweep(s) into {args.dest} ({r['written']} record(s) "
+          f"written now); copy it back and rerun the study's command with --out at the copy to resume")
+    return 0
+
+
 def add_parsers(sub) -> None:
     p = sub.add_parser("sweep", help="a paired multi-seed dP study (arms × seeds), resumable, then its report")
     config_args(p, preset="cpu-sweep", seed=False)
@@ -195,6 +202,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the fit as JSON")
     p.add_argument("--out", help="also write the fit as JSON to this file")
     p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("pack", help="carry a sweep or study without its weights: every finished run's record and "
+                                    "sweep.json, to resume or report on another machine")
+    p.add_argument("src", help="the sweep folder (or a folder of sweeps, e.g. plelab demo --long's --out)")
+    p.add_argument("dest", help="where the records go (outside src); rerun the study with --out at a copy of it")
+    p.set_defaults(func=cmd_pack)
 
     p = sub.add_parser("demo", help="the seed's accounting + a paired multi-seed dP study with diagnostics and report")
     p.set_defaults(func=cmd_demo)

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from plelab.config import config_file_overrides, resolve_config
 from plelab.config.resolve import ConfigSource
-from plelab.errors import ConfigError
+from plelab.errors import ConfigError, PlelabError
 from plelab.model.accounting import matched_trunk
-from plelab.sweeps.runner import emit_scripts, run_sweep
+from plelab.sweeps.records import copy_records, record_path, sweep_roots
+from plelab.sweeps.runner import emit_scripts, folder_done, jobs_of, record_finished, run_sweep
 from plelab.sweeps.spec import CONTROLS, SweepSpec, dp_arms, load_spec, merge_spec
 
 DEFAULT_PRESET = "cpu-sweep"
@@ -109,3 +110,25 @@ def sweep(out: str | Path, *, jobs: int = 1, emit: str | None = None, progress: 
         return emit_scripts(root, spec, emit, nodes)
     run_sweep(root, spec, jobs=jobs, progress=progress)
     return None
+
+
+def pack(src: str | Path, dest: str | Path) -> dict:
+    """Carry the sweep in ``src`` (or every sweep under it, e.g. a ``plelab demo --long`` folder) without its weights:
+    write the record of every finished run that has none (:mod:`plelab.sweeps.records`), then copy each sweep's
+    ``sweep.json`` and ``records/`` to the same place under ``dest``. To resume elsewhere, copy ``dest`` there and
+    rerun the study's command with ``--out`` at the copy: the recorded runs count as finished. Returns
+    ``{"sweeps", "records", "written"}``."""
+    src, dest = Path(src), Path(dest)
+    roots = sweep_roots(src) if src.is_dir() else []
+    if not roots:
+        raise PlelabError(f"{src} holds no plelab sweep (no sweep.json in it or below); give a sweep's --out folder")
+    if dest.resolve() == src.resolve() or src.resolve() in dest.resolve().parents:
+        raise PlelabError(f"{dest} is inside {src}: pack into a folder outside the sweep")
+    written = 0
+    for root in roots:
+        spec = load_spec(root)
+        for job in jobs_of(root, spec):
+            if folder_done(job) and not record_path(job.path).is_file():
+                record_finished(job)
+                written += 1
+    return {"sweeps": len(roots), "records": copy_records(src, dest), "written": written}

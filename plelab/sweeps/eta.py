@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from plelab.config import RunConfig
+from plelab.errors import PlelabError
 from plelab.model.accounting import flops_per_token
 from plelab.runtime import available_cores
+from plelab.sweeps.records import read_record
 from plelab.training.checkpoint import list_checkpoints
 
 # Model FLOP/s one CPU thread sustains on the CPU-scale presets: the median 1-thread worker of the visual studies'
@@ -48,10 +50,15 @@ def steps_done(path: Path) -> int:
 
 
 def finished_wall(path: Path) -> float | None:
-    """A finished run's training seconds (``summary.json``), or None."""
+    """A finished run's training seconds (``summary.json``, or its record's when the folder is gone), or None."""
     try:
         return float(json.loads((path / "summary.json").read_text())["wall_seconds"])
     except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        record = read_record(path)
+        return None if record is None else float(record["summary"]["wall_seconds"])
+    except (PlelabError, KeyError, TypeError, ValueError):
         return None
 
 

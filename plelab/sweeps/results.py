@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from safetensors import safe_open
 
 from plelab.data.pipeline import prepare_data
 from plelab.diagnostics.agreement import cka_against_null
@@ -22,7 +21,8 @@ from plelab.diagnostics.diagnose import RunTable
 from plelab.diagnostics.tables import find_table
 from plelab.errors import PlelabError
 from plelab.model.accounting import account
-from plelab.sweeps.runner import RunJob, data_key, jobs_of, run_config, run_state
+from plelab.sweeps.records import checkpoint_diagnostics, checkpoint_row_counts, read_jsonl, read_record, record_path
+from plelab.sweeps.runner import RunJob, data_key, folder_done, jobs_of, run_config, run_state
 from plelab.sweeps.spec import SweepSpec, load_spec
 
 SEED_TOKENS = 400e9  # the seed's training budget (400B tokens, V = 100,096)
@@ -51,21 +51,6 @@ class RunResult:
     visual: dict = field(default_factory=dict)  # a visual run's caption report and ID metrics (summary.json)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    """The rows of a JSONL file; none if it is missing or unreadable (a run deleted halfway)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []
-    rows = []
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a crash
-    return rows
-
-
 def _mean_layers(values) -> float | None:
     vals = [v for v in (values or []) if v is not None]
     return float(np.mean(vals)) if vals else None
@@ -89,10 +74,9 @@ def checkpoint_path(path: Path, step: int) -> Path:
     return path / "checkpoints" / f"step-{step:06d}"
 
 
-def _use(ckpt: Path) -> dict:
-    try:
-        diag = json.loads((ckpt / "diagnostics.json").read_text())
-    except (OSError, ValueError):
+def _use(diag: dict | None) -> dict:
+    """The use test of a checkpoint's ``diagnostics.json`` (``diag``)."""
+    if diag is None:
         return {}
     perm = (diag.get("use") or {}).get("permute")
     if not perm:
@@ -100,32 +84,60 @@ def _use(ckpt: Path) -> dict:
     return {"delta": perm["delta"], "se": perm["se"], "use_verdict": diag.get("use_verdict")}
 
 
-def _occurrences(ckpt: Path) -> dict:
-    try:
-        with safe_open(str(ckpt / "optimizer.safetensors"), framework="pt") as f:
-            if "diag.row_counts" not in f.keys():
-                return {}
-            counts = f.get_tensor("diag.row_counts").numpy()
-    except Exception:  # a damaged or foreign file: the count is simply not reported
+def _occurrences(counts) -> dict:
+    """How many tokens each table row saw (a checkpoint's ``diag.row_counts``), summarised."""
+    if counts is None:
         return {}
+    counts = np.asarray(counts)
     used = counts[counts > 0]
     return {"rows": int(len(counts)), "rows_used": int(len(used)),
             "median": float(np.median(used)) if len(used) else 0.0,
             "mean": float(used.mean()) if len(used) else 0.0}
 
 
+class _FolderRun:
+    """What :func:`read_run` reads, from a finished run's folder."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fix = f"delete that run folder and its record {record_path(path)} and rerun the sweep to redo it"
+        self.rows = read_jsonl(path / "metrics.jsonl")
+        try:
+            self.summary = json.loads((path / "summary.json").read_text())
+        except (OSError, ValueError):
+            self.summary = None
+
+    def checkpoint(self, step: int) -> tuple[dict | None, object]:
+        ckpt = checkpoint_path(self.path, step)
+        return checkpoint_diagnostics(ckpt), checkpoint_row_counts(ckpt)
+
+
+class _RecordedRun:
+    """What :func:`read_run` reads, from a run's record (:mod:`plelab.sweeps.records`)."""
+
+    def __init__(self, record: dict, path: Path):
+        self.fix = f"delete the record {record_path(path)} and rerun the sweep to redo the run"
+        self.rows, self.summary, self.ckpts = record.get("metrics", []), record.get("summary"), record["checkpoints"]
+
+    def checkpoint(self, step: int) -> tuple[dict | None, object]:
+        found = self.ckpts.get(str(step)) or {}
+        return found.get("diagnostics"), found.get("row_counts")
+
+
 def read_run(job: RunJob, last_k: int) -> RunResult:
-    rows = _read_jsonl(job.path / "metrics.jsonl")
+    """A finished run's results, from its folder or, when the folder is gone, from its record."""
+    source = (_FolderRun(job.path) if folder_done(job)
+              else _RecordedRun(read_record(job.path) or {"checkpoints": {}}, job.path))
+    rows = source.rows
     vals = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
     if not vals:
-        raise PlelabError(f"run {job.path} is marked done but its metrics.jsonl is missing or has no validation "
-                          "loss; delete that run folder and rerun the sweep to redo it")
+        raise PlelabError(f"run {job.path} is marked done but its metrics are missing or hold no validation loss; "
+                          + source.fix)
     try:
-        summary = json.loads((job.path / "summary.json").read_text())
+        summary = source.summary
         tokens, wall, tps = (summary[k] for k in ("tokens_seen", "wall_seconds", "tokens_per_second"))
-    except (OSError, ValueError, TypeError, KeyError):
-        raise PlelabError(f"run {job.path} has a damaged summary.json; delete that run folder and rerun the sweep "
-                          "to redo it") from None
+    except (ValueError, TypeError, KeyError):
+        raise PlelabError(f"run {job.path} has a damaged summary; {source.fix}") from None
     diag_rows = [r for r in rows if "diag" in r]
     tc = job.cfg.train
     early = tc.early_checkpoint
@@ -136,11 +148,11 @@ def read_run(job: RunJob, last_k: int) -> RunResult:
         signal=_signal(diag_rows[-1] if diag_rows else None), early_step=early, steps=tc.steps,
         visual=summary.get("visual", {}))
     if job.cfg.ple.enabled:
-        final = checkpoint_path(job.path, tc.steps)
-        result.final_diag = _use(final)
-        result.occurrences = _occurrences(final)
+        diag, counts = source.checkpoint(tc.steps)
+        result.final_diag = _use(diag)
+        result.occurrences = _occurrences(counts)
         if early:
-            result.early_diag = _use(checkpoint_path(job.path, early))
+            result.early_diag = _use(source.checkpoint(early)[0])
             result.early_signal = _signal(next((r for r in reversed(diag_rows) if r["step"] <= early), None))
     return result
 
@@ -229,7 +241,8 @@ def collect(root: str | Path, structure: bool = True) -> SweepResults:
             missing.append(job.name)
             continue
         runs.setdefault(job.arm.name, {})[job.seed] = read_run(job, spec.last_k)
-        by_arm.setdefault(job.arm.name, []).append(job)
+        if folder_done(job):  # the structure test reads the tables: a recorded run carries none
+            by_arm.setdefault(job.arm.name, []).append(job)
     reader = _STRUCTURE_READERS.get(spec.kind) if structure else None
     if reader is not None:
         cache: dict = {}

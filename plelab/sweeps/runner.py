@@ -3,7 +3,9 @@
 Each run is a folder ``SWEEP/runs/{arm}/seed-{k}`` whose ``config.json`` is written before it
 starts, so every way of running it is the same command: ``plelab train --out RUN --resume``
 (which reads the saved config). A run is *done* when its ``summary.json`` reports the full step
-count; a run with checkpoints resumes from the newest; a finished run is never redone.
+count, or when the sweep holds its record instead (:mod:`plelab.sweeps.records`, written as each run finishes: a
+study carried to another machine without its weights); a run with checkpoints resumes from the newest; a finished
+run is never redone.
 
 - ``jobs=1``: runs one after another in this process (the tokenised corpus is loaded once);
 - ``jobs=N``: N worker processes with ``cores // N`` threads each (on 2 cores, a two-run
@@ -37,6 +39,7 @@ from plelab.precision import PrecisionChoice, study_precision
 from plelab.runs import make_trainer, prepare_data, warm_caches
 from plelab.runtime import available_cores, resolve_device
 from plelab.sweeps.eta import SweepClock, duration
+from plelab.sweeps.records import read_record, record_path, write_record
 from plelab.sweeps.spec import Arm, SweepSpec, run_dir, save_spec
 from plelab.training.run_precision import legacy_precision, recorded_precision, with_precision
 
@@ -84,10 +87,18 @@ def sweep_precision(root: Path, spec: SweepSpec) -> PrecisionChoice:
 
 
 def _saved_or_resolved(spec: SweepSpec, arm: Arm, seed: int, path: Path, study: str | None) -> RunConfig:
-    """A started run's own ``config.json`` (what it was trained with, even if a preset changed since)."""
+    """A started run's own ``config.json`` (what it was trained with, even if a preset changed since), else the one
+    its record holds (:mod:`plelab.sweeps.records`: a finished run carried without its folder)."""
     saved = path / "config.json"
     if not saved.exists():
-        return run_config(spec, arm, seed, study)
+        record = read_record(path)
+        if record is None:
+            return run_config(spec, arm, seed, study)
+        try:
+            return RunConfig.from_dict(record["summary"]["config"])
+        except (KeyError, TypeError, PlelabError) as err:
+            raise PlelabError(f"{record_path(path)} holds no valid config ({err}); delete it to rerun that run"
+                              ) from None
     try:
         return RunConfig.from_dict(json.loads(saved.read_text()))
     except (OSError, ValueError, PlelabError) as err:
@@ -116,16 +127,30 @@ def data_key(cfg: RunConfig) -> str:
                       default=str)
 
 
+def folder_done(job: RunJob) -> bool:
+    """Whether the run's folder holds the finished run (its ``summary.json`` reports the full step count)."""
+    try:
+        return json.loads((job.path / "summary.json").read_text()).get("steps", 0) >= job.cfg.train.steps
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def run_state(job: RunJob) -> str:
-    """``done``, ``partial`` (has started: resumes) or ``new``."""
-    summary = job.path / "summary.json"
-    if summary.exists():
-        try:
-            if json.loads(summary.read_text()).get("steps", 0) >= job.cfg.train.steps:
-                return "done"
-        except (OSError, ValueError):
-            pass
-    return "partial" if (job.path / "checkpoints").exists() or (job.path / "metrics.jsonl").exists() else "new"
+    """``done`` (its folder, or its record without the folder, holds the finished run), ``partial`` (has started:
+    resumes) or ``new``."""
+    if folder_done(job):
+        return "done"
+    if (job.path / "checkpoints").exists() or (job.path / "metrics.jsonl").exists():
+        return "partial"
+    record = read_record(job.path)
+    if record is not None and int(record["summary"].get("steps", 0)) >= job.cfg.train.steps:
+        return "done"
+    return "new"
+
+
+def record_finished(job: RunJob) -> None:
+    """Write the finished run's record (:mod:`plelab.sweeps.records`) with its early and final checkpoints."""
+    write_record(job.path, (job.cfg.train.early_checkpoint, job.cfg.train.steps))
 
 
 @contextmanager
@@ -145,7 +170,7 @@ def _prepare(root: Path, spec: SweepSpec, study: str | None = None) -> list[RunJ
     save_spec(root, spec)
     for job in jobs:
         cfg_file = job.path / "config.json"
-        if not cfg_file.exists():
+        if not cfg_file.exists() and run_state(job) != "done":  # a recorded run needs no folder
             write_json(cfg_file, job.cfg.to_dict())
     return jobs
 
@@ -290,6 +315,7 @@ def _run_in_process(todo: list[RunJob], bar, progress: bool, log, clock: SweepCl
         result = make_trainer(job.cfg, data_cache[key], job.path, resume=True, progress=progress,
                               log=lambda *a: None).fit()
         bar.update(1)
+        record_finished(job)
         clock.finished(job, time.perf_counter() - start)
         tail = f"val {result.final_val_loss:.4f}" if result.val_history else "done"
         (bar.write if progress else log)(f"  {job.name}: {tail} ({time.perf_counter() - start:.0f} s; "
@@ -325,6 +351,7 @@ def _run_workers(todo: list[RunJob], jobs: int, bar, report, clock: SweepClock) 
                     failed.append(job)
                     report(f"  {job.name}: FAILED (exit {proc.returncode}); see {job.path / 'train.log'}")
                 else:
+                    record_finished(job)
                     clock.finished(job, time.perf_counter() - start)
                     report(f"  {job.name}: done ({time.perf_counter() - start:.0f} s; {clock.left_line()})")
     finally:

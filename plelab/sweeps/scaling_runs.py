@@ -1,9 +1,10 @@
 """``plelab fit RUNS…``: the scaling fits of :mod:`plelab.sweeps.scaling` on finished runs, and their text.
 
 Every folder under the paths given that holds a ``summary.json`` (a finished ``plelab train`` run, or one run of
-a sweep) is a point: ``N`` its trunk's parameters from the exact accounting (PLE never counted; with or without
-the embeddings), ``D`` its ``tokens_seen``, the loss its final validation loss. Runs with ``ple.dim = 0`` —
-including the trunk-matched controls, plain trunks of another shape — are the baseline; a PLE run's arm is its
+a sweep), and every run a sweep there holds only as its record (:mod:`plelab.sweeps.records`), is a point: ``N``
+its trunk's parameters from the exact accounting (PLE never counted; with or without the embeddings), ``D`` its
+``tokens_seen``, the loss its final validation loss. Runs with ``ple.dim = 0`` — including the trunk-matched
+controls, plain trunks of another shape — are the baseline; a PLE run's arm is its
 ``dP/H`` (a ladder holds it across sizes) with every non-default PLE setting (gate, ids, table, …) in the name.
 """
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from plelab.config.schema import PLEConfig, RunConfig
 from plelab.errors import PlelabError
 from plelab.model.accounting import account
+from plelab.sweeps.records import SUFFIX, read_record
 from plelab.sweeps.scaling import BOOTSTRAPS, EXTRAPOLATION_LIMIT, Point, fit_study
 
 BASELINE = "baseline"
@@ -34,14 +36,22 @@ def arm_name(cfg: RunConfig) -> str:
     return " ".join([f"dP/H={pc.dim / cfg.model.hidden_size:.4g}", *extra])
 
 
-def _summaries(paths: Iterable[str | Path]) -> list[Path]:
-    found: dict[Path, None] = {}
+def _summaries(paths: Iterable[str | Path]) -> dict[Path, Callable[[], dict]]:
+    """Each finished run under ``paths`` (its folder) -> how to read its summary: the folder's ``summary.json``, or
+    the sweep's record of the run when the folder is gone (:mod:`plelab.sweeps.records`)."""
+    found: dict[Path, Callable[[], dict]] = {}
+    records: list[Path] = []
     for path in map(Path, paths):
         if not path.exists():
             raise PlelabError(f"{path} does not exist; give run or sweep folders (plelab train / plelab sweep --out)")
         files = [path / "summary.json"] if (path / "summary.json").is_file() else sorted(path.rglob("summary.json"))
-        found.update((f.resolve(), None) for f in files)
-    return list(found)
+        found.update((f.parent.resolve(), lambda f=f: json.loads(f.read_text())) for f in files)
+        records += sorted(path.rglob(f"records/*/seed-*{SUFFIX}"))
+    for rec in records:
+        run = (rec.parent.parent.parent / "runs" / rec.parent.name / rec.name.removesuffix(SUFFIX)).resolve()
+        if run not in found:
+            found[run] = lambda run=run: (read_record(run) or {})["summary"]
+    return found
 
 
 def points_from_runs(paths: Sequence[str | Path], count: str = "non-embedding") -> tuple[list[Point], list[str]]:
@@ -49,20 +59,20 @@ def points_from_runs(paths: Sequence[str | Path], count: str = "non-embedding") 
     if count not in ("total", "non-embedding"):
         raise PlelabError(f"--count must be total or non-embedding, got {count!r}")
     points, notes, corpora, settings = [], [], set(), {}
-    for file in _summaries(paths):
+    for run, read in _summaries(paths).items():
         try:
-            summary = json.loads(file.read_text())
+            summary = read()
             cfg = RunConfig.from_dict(summary["config"])
             loss, tokens = float(summary["final_val_loss"]), float(summary["tokens_seen"])
         except (OSError, ValueError, KeyError, TypeError, PlelabError) as err:
-            notes.append(f"skipped {file.parent}: its summary.json is not a finished plelab run ({err})")
+            notes.append(f"skipped {run}: its summary is not a finished plelab run ({err})")
             continue
         if cfg.visual.enabled:
-            notes.append(f"skipped {file.parent}: a visual run (the fit reads text runs)")
+            notes.append(f"skipped {run}: a visual run (the fit reads text runs)")
             continue
         acc = account(cfg.model, cfg.ple, cfg.train.seq_len)
         n = acc.base - (acc.groups["embed_tokens"] + acc.groups.get("lm_head", 0) if count == "non-embedding" else 0)
-        points.append(Point(arm_name(cfg), float(n), tokens, loss, int(cfg.seed), str(file.parent)))
+        points.append(Point(arm_name(cfg), float(n), tokens, loss, int(cfg.seed), str(run)))
         corpora.add(summary.get("corpus_fingerprint"))
         for key in ("lr", "batch_size", "seq_len", "precision"):
             settings.setdefault(key, set()).add(getattr(cfg.train, key))
