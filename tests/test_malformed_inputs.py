@@ -344,13 +344,15 @@ CASES = {
     "diagnose-out-unwritable": (lambda w: ["diagnose", f"{w}/run", "--no-use", "--no-progress", "--out",
                                            _unwritable(w)], "give a writable folder for diagnostics.json"),
     # sweeps deleted or damaged halfway, names that try to leave the sweep folder
-    "report-runs-deleted": (lambda w: ["report", _sweep_copy(w, "noruns", lambda r: shutil.rmtree(r / "runs"))],
+    "report-runs-deleted": (lambda w: ["report", _sweep_copy(w, "noruns", lambda r: (shutil.rmtree(r / "runs"),
+                                                                                     shutil.rmtree(r / "records")))],
                             "the baseline dp0 has no finished run yet"),
-    "advise-arm-deleted": (lambda w: ["advise", _sweep_copy(w, "noarm", lambda r: shutil.rmtree(r / "runs/dp8"))],
+    "advise-arm-deleted": (lambda w: ["advise", _sweep_copy(w, "noarm", lambda r: (shutil.rmtree(r / "runs/dp8"),
+                                                                                   shutil.rmtree(r / "records/dp8")))],
                            "has no finished dP > 0 arm yet"),
     "report-metrics-deleted": (
         lambda w: ["report", _sweep_copy(w, "nometrics", lambda r: (r / "runs/dp8/seed-1/metrics.jsonl").unlink())],
-        "metrics.jsonl is missing"),
+        "its metrics are missing"),
     "sweep-resume-spec-deleted": (
         lambda w: ["sweep", *TINY_SWEEP, "--out", _sweep_copy(w, "nospec", lambda r: (r / "sweep.json").unlink())],
         "has runs/ but no sweep.json"),
@@ -481,13 +483,16 @@ def test_malformed_input(case, work, capsys):
 def test_sweep_resume_redoes_only_the_deleted_runs(work, capsys):
     root = _copy(work, "sweep", "resume-deleted")
     shutil.rmtree(root / "runs/dp8/seed-1")
-    (root / "runs/dp0/seed-1/summary.json").unlink()  # a run cut short: summary gone, checkpoints kept
-    kept = {p: h for p, h in _snapshot(root).items() if p.startswith(("runs/dp0/seed-0", "runs/dp8/seed-0"))}
+    (root / "records/dp8/seed-1.json.gz").unlink()  # deleted with its record: redone
+    (root / "runs/dp0/seed-1/summary.json").unlink()  # a run cut short: summary gone, checkpoints kept: resumed
+    shutil.rmtree(root / "runs/dp8/seed-0")  # its folder gone, its record kept: still finished, never redone
+    kept = {p: h for p, h in _snapshot(root).items() if p.startswith(("runs/dp0/seed-0", "records/dp8/seed-0"))}
     assert main(["sweep", *TINY_SWEEP, "--out", str(root)]) == 0
     assert "2 already done, 2 to run" in capsys.readouterr().out
     after = _snapshot(root)
     assert all(after[p] == h for p, h in kept.items())
     assert "runs/dp8/seed-1/summary.json" in after and "runs/dp0/seed-1/summary.json" in after
+    assert not any(p.startswith("runs/dp8/seed-0") for p in after)
 
 
 def test_failed_resume_leaves_config_json_untouched(work, capsys):
