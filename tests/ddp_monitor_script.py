@@ -24,4 +24,5 @@ for step in range(4):
     opt.step()
     opt.zero_grad()
 monitor.close()
+dist.barrier()  # no rank tears the group down while another is still writing (pytorch/pytorch#75097)
 dist.destroy_process_group()

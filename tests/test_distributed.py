@@ -3,11 +3,9 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
-import warnings
 
 import pytest
+from torchrun_launch import torchrun
 
 ARGS = ["train", "--preset", "cpu-tiny", "--steps", "6", "--no-progress", "--set", "train.eval_every=3",
         "--set", "train.grad_accum=2", "--set", "train.precision=fp32"]
@@ -18,29 +16,15 @@ def _losses(run):
 
 
 def _launch(out, nproc, *extra, fault=None):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "plelab", *ARGS, "--out", str(out), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", **({"PLELAB_FAULT": fault} if fault else {})}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    except subprocess.TimeoutExpired:
-        # Seen once in a CI-like run: the run finished (summary.json written) and the processes then hung at
-        # teardown, a known gloo destroy_process_group hang (pytorch/pytorch#75097; plelab meets at a barrier
-        # first). Retry once, visibly; a run that hangs before its summary, or twice, fails.
-        if fault or not (out / "summary.json").exists():
-            raise
-        warnings.warn("torchrun hung at teardown after the run finished; retrying once", stacklevel=2)
+
+    def start_again():  # a retry starts from a clean folder, or from the same one when resuming
         if "--resume" not in extra:
             shutil.rmtree(out, ignore_errors=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    if not fault and proc.returncode != 0 and "SIGABRT" in proc.stderr:
-        # Seen once in ~9 CI-like runs: a gloo child aborted (SIGABRT) and passed on every rerun. Retry once,
-        # visibly, from a clean folder (or the same one when resuming), so an infrastructure flake does not
-        # fail the suite; a real failure fails twice.
-        warnings.warn(f"torchrun child aborted (SIGABRT); retrying once: {proc.stderr[-300:]}", stacklevel=2)
-        if "--resume" not in extra:
-            shutil.rmtree(out, ignore_errors=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+
+    proc = torchrun([f"--nproc_per_node={nproc}", "-m", "plelab", *ARGS, "--out", str(out), *extra], env=env,
+                    retry=not fault, hang_is_teardown=lambda: (out / "summary.json").exists(),
+                    before_retry=start_again)
     if fault:
         assert proc.returncode != 0
         return None

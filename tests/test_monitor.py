@@ -167,17 +167,21 @@ def test_monitor_refuses_in_one_line(case, tmp_path):
 
 def test_under_ddp_rank_0_writes_and_counts_are_summed(tmp_path):
     import os
-    import subprocess
-    import sys
+    import shutil
     from pathlib import Path
 
     from safetensors import safe_open
+    from torchrun_launch import torchrun
 
     here = Path(__file__).parent
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{here}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(here / "ddp_monitor_script.py"), str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+
+    def start_again():
+        shutil.rmtree(tmp_path)
+        tmp_path.mkdir()
+
+    proc = torchrun(["--nproc_per_node=2", str(here / "ddp_monitor_script.py"), str(tmp_path)], env=env,
+                    before_retry=start_again)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 3]
     with safe_open(str(tmp_path / "checkpoints" / "step-000004" / "ple_table.safetensors"), framework="pt") as f:

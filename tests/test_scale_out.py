@@ -6,11 +6,11 @@ import os
 import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from torchrun_launch import torchrun
 
 import plelab.model.init as init
 from plelab.cli import main
@@ -31,13 +31,8 @@ def _env(fault=None):
 
 
 def _torchrun(nproc, *args, fault=None):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=_env(fault))
-    if fault is None and proc.returncode != 0 and "SIGABRT" in proc.stderr:
-        # the gloo child abort that tests/test_distributed.py also retries once (seen here at teardown: "terminate
-        # called without an active exception"); every launch here is safe to repeat, a real failure fails twice
-        warnings.warn(f"torchrun child aborted (SIGABRT); retrying once: {proc.stderr[-300:]}", stacklevel=2)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=_env(fault))
+    # every launch here is safe to repeat as it stands (a resume resumes), so a retry needs no clean-up
+    proc = torchrun([f"--nproc_per_node={nproc}", *args], env=_env(fault), timeout=240, retry=fault is None)
     if fault is None:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
