@@ -127,7 +127,7 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
         log(f"scaling-fit ladder: H {', '.join(map(str, lad.hidden))} × {', '.join(map(str, lad.steps))} steps, "
             f"dP 0 and dP/H = {lad.ratio:g}, {lad.seeds} seeds ({len(rungs)} sweeps in {out / 'ladder'}, after the "
             "study)")
-        log(study_estimate([(out, spec), *rungs], jobs) + "\n")
+        log(study_estimate([(out, spec), *rungs], jobs, log) + "\n")
     run_sweep(out, spec, jobs=jobs, progress=progress, log=log)
     paths = write_report(out)
     report = next(p for p in paths if p.suffix == ".html")

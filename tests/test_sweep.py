@@ -363,6 +363,35 @@ def test_sweep_command_reproduces_the_spec(tmp_path):
     assert grown.seeds == [0, 1, 2, 3, 4] and [a.name for a in grown.arms] == [a.name for a in spec.arms]
 
 
+def test_a_long_sweep_probes_its_rate_before_it_starts(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import plelab.sweeps.eta as eta
+    from plelab.model.accounting import flops_per_token
+
+    def clock(cfg, n=2, device="cpu"):
+        jobs = [SimpleNamespace(name=f"r{i}", path=tmp_path / f"r{i}", cfg=cfg) for i in range(n)]
+        return eta.SweepClock(jobs, set(), workers=2, threads=1, device=device, cores=2, overhead=0)
+
+    long = resolve_config("cpu-tiny", ["train.steps=1000000", "ple.vocab_size=64", "ple.vocab_remap=frequency"])
+    ticks = iter(range(1000))  # every perf_counter call 0.5 s later: each probed step takes exactly 0.5 s
+    monkeypatch.setattr(eta.time, "perf_counter", lambda: 0.5 * next(ticks))
+    rate = eta.probe_rate(long, threads=1)
+    tokens = long.train.batch_size * long.train.seq_len
+    assert rate == pytest.approx(flops_per_token(long.model, long.ple, long.train.seq_len) * tokens / 0.5)
+    monkeypatch.undo()
+    said = []
+    probed = clock(long)
+    assert probed.probe(said.append) and "probing the rate: 3 training steps of" in said[0]
+    line = probed.estimate_line()
+    assert "probed (3 training steps of" in line and "assumed" not in line
+    assert 1e7 < probed.rate()[0] < 1e13  # a real measurement on this CPU, whatever it is
+    short = resolve_config("cpu-tiny", ["train.steps=100"])
+    visual = resolve_config("cpu-tiny", ["train.steps=1000000", "visual.enabled=true"])
+    assert not clock(short).probe() and "assumed" in clock(short).estimate_line()  # seconds: not worth a probe
+    assert not clock(long, device="cuda").probe() and not clock(visual).probe()  # what the probe cannot stand for
+
+
 def test_sweep_clock_states_the_runtime_from_flops_and_measured_rates(tmp_path):
     from types import SimpleNamespace
 

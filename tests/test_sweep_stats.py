@@ -219,6 +219,38 @@ def test_plan_takes_delta_from_the_pilots_gain_and_never_reuses_its_seeds(monkey
         plan("pilot", delta_fraction=0.25)
 
 
+def test_plan_sizes_the_controls_against_their_references_as_their_own_family(monkeypatch, capsys):
+    from plelab.cli import main
+    from plelab.errors import PlelabError
+    from plelab.sweeps.planning import plan, plan_text
+
+    rng = np.random.default_rng(13)
+    base = 5.0 + rng.normal(0, 0.08, 4)
+    dp8 = base - 0.05 + rng.normal(0, 0.005, 4)
+    dp16 = dp8 - 0.05 + rng.normal(0, 0.005, 4)
+    noisy = {"dp8-zero": dp8 + rng.normal(0, 0.03, 4), "dp16-zero": dp16 + rng.normal(0, 0.03, 4)}
+    res = _synthetic({"dp0": base, "dp8": dp8, "dp16": dp16, **noisy}, controls=["zero"])
+    monkeypatch.setattr("plelab.sweeps.planning.collect", lambda root, structure=False: res)
+    every, main_curve, controls = (plan("pilot", delta=0.02, families=f) for f in ("all", "main", "controls"))
+    assert set(every["seeds_by_family"]) == {"consecutive", "vs_baseline", "controls"}
+    assert set(main_curve["seeds_by_family"]) == {"consecutive", "vs_baseline"}
+    assert set(controls["seeds_by_family"]) == {"controls"}
+    rows = controls["by_last_k"][0]["families"]["controls"]["comparisons"]
+    assert [(r["a"], r["b"]) for r in rows] == [("dp8", "dp8-zero"), ("dp16", "dp16-zero")]
+    # the controls' spread (≈ 0.03 √2 per pair) needs more seeds than the main curve's (≈ 0.007); every family's
+    # test is the report's own, so sizing them together asks for the larger of the two
+    assert controls["seeds"] > main_curve["seeds"] and every["seeds"] == controls["seeds"]
+    assert "each control against its reference" in plan_text(every)
+    assert main(["plan", "--target", "seed-3b", "--tokens", "1e9", "--families", "main"]) == 2
+    assert "--families belongs to the pilot plan" in capsys.readouterr().err
+    plain = _synthetic({"dp0": base, "dp8": dp8, "dp16": dp16})
+    monkeypatch.setattr("plelab.sweeps.planning.collect", lambda root, structure=False: plain)
+    with pytest.raises(PlelabError, match="no finished control arm"):
+        plan("pilot", delta=0.02, families="controls")
+    with pytest.raises(PlelabError, match="--families must be one of"):
+        plan("pilot", delta=0.02, families="nope")
+
+
 def test_the_seeds_dead_zone_step_is_the_one_at_the_seeds_dp_over_h():
     """The seed's first step is dP/H 0.025 → 0.05: named as such only in a sweep that samples those ratios (H = 160:
     dP 4 → 8); elsewhere the first step is called a different regime."""

@@ -14,7 +14,7 @@ from plelab.reports import report
 from plelab.sweeps.advise import recommend
 from plelab.sweeps.commands import options_of, pack, sweep
 from plelab.sweeps.ladder import GPU_BF16_PEAK, Assumptions, ladder, ladder_text
-from plelab.sweeps.planning import plan, plan_text
+from plelab.sweeps.planning import FAMILIES, plan, plan_text
 from plelab.sweeps.scaling_runs import fit_runs, fit_text
 from plelab.sweeps.spec import CONTROLS
 
@@ -63,10 +63,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if ladder_only:
             raise ConfigError(f"{ladder_only[0]} belongs to the ladder: add --target PRESET")
         print(plan_text(plan(args.pilot, delta=args.delta, target_power=args.power, out=args.out,
-                             eval_windows=args.eval_windows, delta_fraction=args.delta_fraction)))
+                             eval_windows=args.eval_windows, delta_fraction=args.delta_fraction,
+                             families=args.families or "all")))
         return 0
     pilot_only = [f for f, v in (("--delta", args.delta), ("--delta-fraction", args.delta_fraction),
-                                 ("--out", args.out), ("--eval-windows", args.eval_windows)) if v is not None]
+                                 ("--out", args.out), ("--eval-windows", args.eval_windows),
+                                 ("--families", args.families)) if v is not None]
     if pilot_only:
         raise ConfigError(f"{pilot_only[0]} belongs to the pilot plan (plelab plan PILOT), not to --target")
     if args.tokens is None:
@@ -187,6 +189,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", help="the confirmatory sweep's folder, for the printed command (default PILOT-confirm)")
     p.add_argument("--eval-windows", type=int,
                    help="also measure the spread with this many validation windows (re-evaluates every run)")
+    p.add_argument("--families", choices=FAMILIES,
+                   help="comparisons to size: all (default), main (the dP curve) or controls (each against its "
+                        "reference)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("fit", help="scaling law L(N, D) of finished baseline runs (≥ 4 sizes × 3 token budgets), "

@@ -8,8 +8,10 @@ to show where the noise comes from, by run length (the evaluations along the run
 declared, by ``--delta`` or the pilot's own declared δ, and is never computed from the pilot's losses. For
 each comparison the plan gives the seeds at which the exact tests of :mod:`plelab.sweeps.power` reach the
 target power: to detect a true Δ of δ (at α/m, Holm's first threshold), and to show equivalence within ±δ if
-the true Δ is 0 (TOST at α/m). The confirmatory command uses seeds the pilot did not use, so the test seeds
-never see the δ or the k they are tested with chosen on them.
+the true Δ is 0 (TOST at α/m). The families sized are the main curve's (consecutive steps, every dP against the
+baseline) and the controls' (every control arm against its reference at the same dP, as the report tests them);
+``families`` chooses. The confirmatory command uses seeds the pilot did not use, so the test seeds never see the
+δ or the k they are tested with chosen on them; it reruns every arm of the pilot.
 """
 
 from __future__ import annotations
@@ -26,11 +28,31 @@ from plelab.training.evaluate import evaluate
 
 LAST_K = (1, 2, 3, 5)
 RUN_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+FAMILIES = ("all", "main", "controls")
 
 
 def _main_curve(spec) -> list[str]:
     arms = sorted((a for a in spec.arms if a.family == "dP"), key=lambda a: a.x)
     return [a.name for a in arms]
+
+
+def _families(res, pilot, which: str) -> dict[str, list[tuple[str, str]]]:
+    """The comparisons to size, by family: ``main`` (consecutive, vs_baseline), ``controls`` or ``all``."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    if which in ("all", "main"):
+        main = [a for a in _main_curve(res.spec) if a in res.runs]
+        if len(main) < 2:
+            raise PlelabError(f"{pilot} has fewer than two finished dP arms; finish the pilot (rerun its plelab sweep)"
+                              "; or size its controls alone with --families controls")
+        out = {"consecutive": list(zip(main, main[1:])), "vs_baseline": [(main[0], b) for b in main[1:]]}
+    controls = [(a.reference, a.name) for a in res.spec.arms
+                if a.reference and a.alias_of is None and a.name in res.runs and a.reference in res.runs]
+    if controls and which in ("all", "controls"):
+        out["controls"] = controls
+    elif which == "controls":
+        raise PlelabError(f"{pilot} has no finished control arm next to its reference arm; size its main curve "
+                          "with --families main")
+    return out
 
 
 def _median_sd(losses: dict, families: dict, delta: float, alpha: float) -> float:
@@ -90,11 +112,14 @@ def _delta_from_pilot(res, fraction: float) -> tuple[float, str]:
 
 def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.8, out: str | Path | None = None,
          max_seeds: int = power.MAX_SEEDS, eval_windows: int | None = None,
-         delta_fraction: float | None = None) -> dict:
+         delta_fraction: float | None = None, families: str = "all") -> dict:
     """The plan as a JSON-ready dict (see the module doc); ``out``: the confirmatory sweep's folder;
     ``eval_windows``: also measure the spread with that many validation windows (re-evaluates every run);
     ``delta_fraction``: δ = that fraction of the pilot's largest mean gain against the baseline — a δ from the
-    pilot's seeds, which the confirmatory seeds never see (instead of ``delta``)."""
+    pilot's seeds, which the confirmatory seeds never see (instead of ``delta``); ``families``: which comparisons
+    to size, ``all`` (default), ``main`` (the dP curve) or ``controls`` (each control against its reference)."""
+    if families not in FAMILIES:
+        raise PlelabError(f"--families must be one of {', '.join(FAMILIES)}, got {families!r}")
     if delta is not None and delta_fraction is not None:
         raise PlelabError("give --delta or --delta-fraction, not both")
     if delta_fraction is not None and not 0 < delta_fraction <= 1:
@@ -111,19 +136,16 @@ def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.
         raise PlelabError(f"--delta must be > 0 (the smallest effect of interest in nats), got {delta}")
     if not 0 < target_power < 1:
         raise PlelabError(f"--power must be between 0 and 1, got {target_power}")
-    main = [a for a in _main_curve(spec) if a in res.runs]
-    if len(main) < 2:
-        raise PlelabError(f"{pilot} has fewer than two finished dP arms; finish the pilot (rerun its plelab sweep)")
+    comparisons = _families(res, pilot, families)
     if len(spec.seeds) < 2:
         raise PlelabError(f"{pilot} ran {len(spec.seeds)} seed: a pilot needs at least 2 to measure the spread")
-    families = {"consecutive": list(zip(main, main[1:])), "vs_baseline": [(main[0], b) for b in main[1:]]}
     by_k = []
     evals = min(len(r.val_history) for by_seed in res.runs.values() for r in by_seed.values())
     for k in [k for k in LAST_K if k <= evals]:
         losses = {arm: {s: sum(v for _, v in r.val_history[-k:]) / k for s, r in by_seed.items()}
                   for arm, by_seed in res.runs.items()}
         entry: dict = {"last_k": k, "families": {}}
-        for name, pairs in families.items():
+        for name, pairs in comparisons.items():
             comps, how = blocked.analyse_family(losses, pairs, delta, spec.alpha, steps=name == "consecutive",
                                                 many_to_one=name == "vs_baseline")
             m = max(1, len(comps))
@@ -144,14 +166,19 @@ def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.
              for key in ("seeds_difference", "seeds_equivalence")]
     decided = [n for n in needs if n is not None]
     n = min(max(decided), max_seeds) if decided else None
+    by_family = {}
+    for name, fam in best["families"].items():
+        got = [r[key] for r in fam["comparisons"] for key in ("seeds_difference", "seeds_equivalence")]
+        by_family[name] = {"seeds": max((g for g in got if g is not None), default=None),
+                           "undecidable": sum(g is None for g in got)}
     fresh = list(range(max(spec.seeds) + 1, max(spec.seeds) + 1 + n)) if n else []
     command = None
     if n:
         confirm = dataclasses.replace(spec, seeds=fresh, delta=delta, last_k=best["last_k"])
         command = sweep_command(confirm, Path(out) if out else Path(f"{Path(pilot)}-confirm"))
-    noise = noise_sources(res, families, delta, eval_windows)
+    noise = noise_sources(res, comparisons, delta, eval_windows)
     return {"pilot": str(pilot), "pilot_seeds": spec.seeds, "delta": delta, "noise": noise,
-            "delta_origin": origin,
+            "delta_origin": origin, "families": families, "seeds_by_family": by_family,
             "power": target_power, "alpha": spec.alpha, "by_last_k": by_k, "chosen_last_k": best["last_k"],
             "seeds": n, "undecidable": len(needs) - len(decided), "confirmatory_seeds": fresh, "command": command}
 
@@ -177,9 +204,15 @@ def plan_text(p: dict) -> str:
         for r in fam["comparisons"]:
             lines.append(f"  {r['b']} − {r['a']}: sd {r['sd']:.4f}, pilot Δ {r['pilot_mean']:+.4f} (not a test) → "
                          f"{r['seeds_difference'] or '>1000'} / {r['seeds_equivalence'] or '>1000'}")
+    names = {"consecutive": "the consecutive steps", "vs_baseline": "each dP against the baseline",
+             "controls": "each control against its reference"}
+    lines.append("Seeds per arm by family: " + "; ".join(
+        f"{names[k]} {v['seeds'] or '>1000'}" + (f" ({v['undecidable']} decision(s) need >1000)"
+                                                   if v["undecidable"] and v["seeds"] else "")
+        for k, v in p["seeds_by_family"].items()) + ".")
     if p["seeds"]:
         lines.append(f"A confirmatory sweep deciding every comparison above needs {p['seeds']} seeds per arm, on "
-                     f"seeds the pilot did not use:")
+                     f"seeds the pilot did not use (it reruns every arm of the pilot):")
         lines.append(f"  {p['command']}")
     else:
         lines.append("No comparison can be decided with 1000 seeds or fewer at this δ: declare a larger δ, or reduce "

@@ -256,13 +256,15 @@ def _precision_line(choice: PrecisionChoice, jobs: list[RunJob], device) -> str:
             (f"; arms with their own: {', '.join(other)}" if other else ""))
 
 
-def study_estimate(plans: list[tuple[Path, SweepSpec]], jobs: int) -> str:
+def study_estimate(plans: list[tuple[Path, SweepSpec]], jobs: int, log=None) -> str:
     """The runtime line of a study run as several sweeps, one after another (``(folder, spec)`` each), before any
-    of them starts: one :class:`~plelab.sweeps.eta.SweepClock` over all their runs."""
+    of them starts: one :class:`~plelab.sweeps.eta.SweepClock` over all their runs (probing its rate when the
+    study is long and nothing has finished, saying so through ``log``)."""
     pieces = [jobs_of(Path(root), spec) for root, spec in plans]
     every = [j for piece in pieces for j in piece]
     done = {j.path for j in every if run_state(j) == "done"}
     clock = SweepClock(every, done, jobs, max(1, available_cores() // jobs), _device(plans[0][1]).type)
+    clock.probe(log)
     # the sweeps run one after another: each keeps at most as many workers busy as it has runs left
     busy = [max(1, min(jobs, sum(j.path not in done for j in piece))) for piece in pieces]
     return f"the whole study, {len(plans)} sweep(s): " + clock.estimate_line(
@@ -286,6 +288,8 @@ def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool =
         workers = max(1, min(jobs, len(todo)))
         clock = SweepClock(all_jobs, {j.path for j in all_jobs} - {j.path for j in todo}, workers,
                            max(1, available_cores() // jobs), device.type)  # the threads _run_workers gives each
+        if todo:
+            clock.probe(log)
         estimate = clock.remaining()
         if todo:
             log(clock.estimate_line())
