@@ -381,8 +381,9 @@ def test_a_long_sweep_probes_its_rate_before_it_starts(tmp_path, monkeypatch):
     assert rate == pytest.approx(flops_per_token(long.model, long.ple, long.train.seq_len) * tokens / 0.5)
     monkeypatch.undo()
     said = []
+    monkeypatch.setattr(eta, "_PROBED", {})
     probed = clock(long)
-    assert probed.probe(said.append) and "probing the rate: 3 training steps of" in said[0]
+    assert probed.probe(said.append) and "probing the rate: 3 training steps of each of 1 shape(s)" in said[0]
     line = probed.estimate_line()
     assert "probed (3 training steps of" in line and "assumed" not in line
     assert 1e7 < probed.rate()[0] < 1e13  # a real measurement on this CPU, whatever it is
@@ -390,6 +391,47 @@ def test_a_long_sweep_probes_its_rate_before_it_starts(tmp_path, monkeypatch):
     visual = resolve_config("cpu-tiny", ["train.steps=1000000", "visual.enabled=true"])
     assert not clock(short).probe() and "assumed" in clock(short).estimate_line()  # seconds: not worth a probe
     assert not clock(long, device="cuda").probe() and not clock(visual).probe()  # what the probe cannot stand for
+    calls = []
+    monkeypatch.setattr(eta, "probe_rate", lambda cfg, threads: calls.append(cfg) or 1e9)
+    again = clock(long)
+    assert again.probe() and not calls and again.rate()[0] == probed.rate()[0]  # a shape is probed once a process
+
+
+def test_sweep_clock_keeps_a_rate_per_shape(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import plelab.sweeps.eta as eta
+
+    monkeypatch.setattr(eta, "_PROBED", {})
+    small = resolve_config("cpu-tiny", ["train.steps=1000000"])
+    wide = resolve_config("cpu-tiny", ["train.steps=1000000", "model.hidden_size=128"])
+    seen = []
+
+    def fake_probe(cfg, threads):
+        seen.append(cfg.model.hidden_size)
+        return 1e9 if cfg.model.hidden_size == 128 else 4e9
+    monkeypatch.setattr(eta, "probe_rate", fake_probe)
+    jobs = [SimpleNamespace(name=f"{n}{i}", path=tmp_path / n / f"seed-{i}", cfg=c)
+            for n, c in (("small", small), ("wide", wide)) for i in range(2)]
+    clock = eta.SweepClock(jobs, set(), workers=1, threads=1, device="cpu", cores=2, overhead=0)
+    assert eta.shape_key(small) != eta.shape_key(wide)
+    assert clock.probe() and sorted(seen) == [64, 128]  # each shape once
+    f_small, f_wide = eta.run_flops(small), eta.run_flops(wide)
+    assert clock.remaining() == pytest.approx(2 * f_small / 4e9 + 2 * f_wide / 1e9)  # each shape at its own rate
+    line = clock.estimate_line()
+    assert "1.0–4.0 GFLOP/s per worker, probed (3 training steps of each of 2 shape(s)" in line
+    for j in jobs[:2]:
+        j.path.mkdir(parents=True)
+        (j.path / "summary.json").write_text(json.dumps({"wall_seconds": f_small / 2e9}))
+    grown = eta.SweepClock(jobs, {jobs[0].path, jobs[1].path}, workers=1, threads=1, device="cpu", cores=2,
+                           overhead=0)  # a resumed sweep: the small shape measured at 2 GFLOP/s, the wide not
+    assert grown.rate(jobs[2].path) == (pytest.approx(2e9), "pooled")  # before its probe: the other shapes' rate
+    assert grown.probe() and grown.rate(jobs[2].path) == (1e9, "probed") and len(seen) == 2  # cached, not re-probed
+    assert grown.remaining() == pytest.approx(2 * f_wide / 1e9)
+    assert "1.0 GFLOP/s per worker, probed" in grown.estimate_line() and "assumed" not in grown.estimate_line()
+    tiny = eta.SweepClock(jobs[:2], set(), workers=1, threads=1, device="cpu", cores=2, overhead=0)
+    tiny.owed = {p: 1.0 for p in tiny.owed}  # seconds of work: not worth a probe
+    assert not tiny.probe() and "assumed" in tiny.estimate_line()
 
 
 def test_sweep_clock_states_the_runtime_from_flops_and_measured_rates(tmp_path):

@@ -2,18 +2,19 @@
 
 Each run's cost is its model FLOPs: training ``flops_per_token × steps × batch × seq_len``
 (:func:`plelab.model.accounting.flops_per_token`) plus its evaluations' forward passes (a third of that per token).
-The rate that turns FLOPs into seconds is *measured* — total FLOPs over total seconds of the sweep's
-finished runs (for the runs this sweep watched, the seconds each run's worker took less the start-up priced apart;
-for runs finished before, their ``summary.json`` wall time: the training loop with its evaluations,
-diagnostics, checkpoints and visual parts) — or, before any run has finished on
-a CPU, *probed* or *assumed*. A sweep the assumption puts over :data:`PROBE_ABOVE_S` times a few training steps of
-its costliest text arm first (:func:`probe_rate`: seconds, on random ids, as one worker would run them) — the
-FLOP/s of a step depend on its shapes, and the assumption, measured on tiny runs, erred 2× long on the long study;
-smaller sweeps, and runs the probe cannot stand for (visual runs, bf16), keep :data:`ASSUMED_CORE_FLOPS` per
-thread, never more threads than cores (BENCHMARKS.md, "Sweep runtime estimates"). Runs in parallel workers
-share the wall clock, so the remaining time is the remaining FLOPs over ``workers × rate``, plus
-:data:`RUN_OVERHEAD_S` of start-up per run left (what dominates tiny runs); a run resumed from a checkpoint owes
-only its steps after it.
+The rate that turns FLOPs into seconds is kept per *shape* (:func:`shape_key`: model, PLE, batch
+shape, precision — a step's FLOP/s depend on them; on the long study they span 2×). A run is priced at the
+rate *measured* on finished runs of its shape — total FLOPs over total seconds (for runs this sweep watched, the
+seconds their worker took less the start-up priced apart; for runs finished before, their ``summary.json`` wall
+time: the training loop with its evaluations, diagnostics, checkpoints and visual parts) — else the rate
+*probed* on its shape, else the rate measured on every finished run, else the *assumed* rate. A CPU sweep whose
+unmeasured shapes owe over :data:`PROBE_ABOVE_S` probes up to :data:`PROBE_SHAPES` of them first (costliest
+first; :func:`probe_rate`: a few training steps on random ids, as one worker would run them — the assumption,
+measured on tiny runs, erred 2× long on the long study); runs the probe cannot stand for (visual runs, bf16)
+keep :data:`ASSUMED_CORE_FLOPS` per thread, never more threads than cores (BENCHMARKS.md, "Sweep runtime
+estimates"). Runs in parallel workers share the wall clock, so the remaining time is the sum of each run's owed
+FLOPs over its rate, plus :data:`RUN_OVERHEAD_S` of start-up per run (what dominates tiny runs), over the
+workers; a run resumed from a checkpoint owes only its steps after it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -46,6 +48,8 @@ RUN_OVERHEAD_S = 4.0
 # one warm-up step (their median is the step time).
 PROBE_ABOVE_S = 600.0
 PROBE_STEPS = 3
+# at most this many shapes probed per clock (the costliest first; the rest priced at the pooled rate)
+PROBE_SHAPES = 8
 
 
 def probe_rate(cfg: RunConfig, threads: int, steps: int = PROBE_STEPS) -> float:
@@ -113,11 +117,30 @@ def duration(seconds: float) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
+def shape_key(cfg: RunConfig) -> str:
+    """What one worker's FLOP/s depend on: the run's model and PLE configs, batch shape and precision — not its
+    seed, steps, schedule or data. Runs of one key share a measured or probed rate."""
+    t = cfg.train
+    return json.dumps([asdict(cfg.model), asdict(cfg.ple), t.batch_size, t.grad_accum, t.seq_len, t.precision],
+                      sort_keys=True, default=str)
+
+
+# (shape_key, threads) -> probed FLOP/s: a study's estimate and each of its sweeps' probe a shape once per process
+_PROBED: dict[tuple[str, int], float] = {}
+
+
+def _span(rates: Sequence[float]) -> str:
+    lo, hi = min(rates) / 1e9, max(rates) / 1e9
+    return f"{lo:.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}–{hi:.1f}"
+
+
 class SweepClock:
     """The running estimate of one sweep, or of several (a study in pieces). ``jobs``: their
     :class:`~plelab.sweeps.runner.RunJob` lists (``.path``, ``.cfg``), each run known by its folder; ``done``:
     the folders already finished; ``workers`` run at once with ``threads`` each on ``device`` (``cpu`` |
-    ``cuda``)."""
+    ``cuda``). Rates are kept per shape (:func:`shape_key`): a run is priced at the rate measured on finished
+    runs of its shape, else the rate probed on its shape, else the rate measured on all finished runs, else the
+    assumed rate."""
 
     def __init__(self, jobs: Sequence, done: set[Path], workers: int, threads: int, device: str,
                  cores: int | None = None, overhead: float = RUN_OVERHEAD_S) -> None:
@@ -128,67 +151,120 @@ class SweepClock:
         self.left = set(self.flops) - set(done)
         self.workers, self.threads, self.device = max(1, workers), max(1, threads), device
         self.cores, self.overhead = cores or available_cores(), overhead
-        self.measured_flops = self.measured_seconds = 0.0
-        self.measured_runs = 0
-        self.probed: tuple[float, str] | None = None
         self.configs = {j.path: j.cfg for j in jobs}
+        self.shapes = {j.path: shape_key(j.cfg) for j in jobs}
+        self.measured: dict[str, list[float]] = {}  # shape -> [FLOPs, seconds, runs]
+        self.probed: dict[str, tuple[float, str]] = {}  # shape -> (FLOP/s, the run it was probed on)
         for j in jobs:
             if j.path in done:
                 self.finished(j)
 
+    @property
+    def measured_runs(self) -> int:
+        return int(sum(m[2] for m in self.measured.values()))
+
     def finished(self, job, elapsed: float | None = None) -> None:
         """Record a finished run: ``elapsed``, the seconds its worker took as this sweep watched it (less the
-        start-up, priced apart), or else its summary's training wall time joins the measured rate."""
+        start-up, priced apart), or else its summary's training wall time joins its shape's measured rate."""
         self.left.discard(job.path)
         wall = finished_wall(job.path) if elapsed is None else max(0.1 * elapsed, elapsed - self.overhead)
         if wall and wall > 0:  # a run watched from a resume did only what it owed
-            self.measured_flops += self.owed.get(job.path, self.flops[job.path]) if elapsed else self.flops[job.path]
-            self.measured_seconds += wall
-            self.measured_runs += 1
+            m = self.measured.setdefault(self.shapes[job.path], [0.0, 0.0, 0])
+            m[0] += self.owed.get(job.path, self.flops[job.path]) if elapsed else self.flops[job.path]
+            m[1] += wall
+            m[2] += 1
 
-    def probe(self, log=None, above: float = PROBE_ABOVE_S) -> bool:
-        """Before any run has finished, on a CPU, when the assumed rate puts what is left over ``above`` seconds:
-        measure the rate on the unfinished text run that owes the most FLOPs (:func:`probe_rate`), saying so
-        through ``log``. Returns whether it probed."""
-        if self.measured_runs or self.device != "cpu" or not self.left or (self.remaining() or 0) <= above:
+    def _threads(self) -> int:
+        return max(1, int(min(self.threads, self.cores / self.workers)))  # workers beyond the cores share them
+
+    def probe(self, log=None, above: float = PROBE_ABOVE_S, most: int = PROBE_SHAPES) -> bool:
+        """On a CPU, when the runs of shapes nothing has measured yet owe over ``above`` seconds at the current
+        rates: probe the rate of up to ``most`` of those shapes (:func:`probe_rate`, costliest first, each shape
+        once per process), saying so through ``log``. Visual and bf16 runs are never probed (the probe cannot
+        stand for them). Returns whether any shape was probed."""
+        if self.device != "cpu":
             return False
-        probeable = [p for p in self.left if not self.configs[p].visual.enabled
-                     and self.configs[p].train.precision in ("fp32", "auto")]
-        if not probeable:
+        unmeasured = [p for p in self.left if self.shapes[p] not in self.measured and self.shapes[p] not in
+                      self.probed and not self.configs[p].visual.enabled
+                      and self.configs[p].train.precision in ("fp32", "auto")]
+        if not unmeasured or sum(self.owed.get(p, 0.0) / self._rate(p)[0] for p in unmeasured) / self.workers <= above:
             return False
-        path = max(probeable, key=lambda p: self.owed.get(p, 0.0))
-        threads = max(1, int(min(self.threads, self.cores / self.workers)))
-        name = f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+        costs: dict[str, float] = {}
+        for p in unmeasured:
+            costs[self.shapes[p]] = costs.get(self.shapes[p], 0.0) + self.owed.get(p, 0.0)
+        shapes = sorted(costs, key=costs.get, reverse=True)[:most]
+        threads = self._threads()
         if log:
-            log(f"probing the rate: {PROBE_STEPS} training steps of {name} on {threads} thread(s)")
-        rate = probe_rate(self.configs[path], threads)
-        self.probed = rate, f"{rate / 1e9:.1f} GFLOP/s per worker probed ({PROBE_STEPS} training steps of {name})"
+            log(f"probing the rate: {PROBE_STEPS} training steps of each of {len(shapes)} shape(s) "
+                f"on {threads} thread(s)")
+        for shape in shapes:
+            path = max((p for p in unmeasured if self.shapes[p] == shape), key=lambda p: self.owed.get(p, 0.0))
+            if (shape, threads) not in _PROBED:
+                _PROBED[shape, threads] = probe_rate(self.configs[path], threads)
+            self.probed[shape] = _PROBED[shape, threads], "/".join(path.parts[-3:])
         return True
 
-    def rate(self) -> tuple[float | None, str]:
-        """FLOP/s of one worker and where the number comes from."""
-        if self.measured_runs:
-            r = self.measured_flops / self.measured_seconds
-            return r, f"{r / 1e9:.1f} GFLOP/s per worker, measured on {self.measured_runs} finished run(s)"
-        if self.probed is not None:
-            return self.probed[0], self.probed[1] + "; refined as runs finish"
+    def _rate(self, path: Path) -> tuple[float | None, str]:
+        """FLOP/s of one worker on the run ``path`` and its source: ``measured`` | ``probed`` | ``pooled`` |
+        ``assumed`` | ``none``."""
+        shape = self.shapes[path]
+        if shape in self.measured:
+            f, s, _ = self.measured[shape]
+            return f / s, "measured"
+        if shape in self.probed:
+            return self.probed[shape][0], "probed"
+        if self.measured:
+            return sum(m[0] for m in self.measured.values()) / sum(m[1] for m in self.measured.values()), "pooled"
         if self.device == "cpu":
-            threads = min(self.threads, self.cores / self.workers)  # workers beyond the cores share them
+            return ASSUMED_CORE_FLOPS * min(self.threads, self.cores / self.workers), "assumed"
+        return None, "none"
+
+    def rate(self, path: Path | None = None) -> tuple[float | None, str]:
+        """FLOP/s of one worker — on the run ``path``, or over everything measured (else probed, else assumed)
+        — and where the number comes from."""
+        if path is not None:
+            return self._rate(path)
+        if self.measured:
+            r = sum(m[0] for m in self.measured.values()) / sum(m[1] for m in self.measured.values())
+            return r, f"{r / 1e9:.1f} GFLOP/s per worker, measured on {self.measured_runs} finished run(s)"
+        if self.probed:
+            r = statistics.median(v[0] for v in self.probed.values())
+            return r, f"{_span([v[0] for v in self.probed.values()])} GFLOP/s per worker probed"
+        if self.device == "cpu":
+            threads = min(self.threads, self.cores / self.workers)
             r = ASSUMED_CORE_FLOPS * threads
-            return r, f"{r / 1e9:.0f} GFLOP/s per worker assumed ({threads:g} thread(s)); refined as runs finish"
+            return r, f"{r / 1e9:.0f} GFLOP/s per worker assumed ({threads:g} thread(s))"
         return None, "no estimate on a GPU before its first run finishes"
+
+    def _why(self) -> str:
+        """Where the rates of the runs left come from, e.g. ``49.2–66.0 GFLOP/s per worker, measured on 20
+        finished run(s) of their shapes, for 39 run(s); 19.8 GFLOP/s per worker, probed (…), for 36 run(s)``."""
+        by: dict[str, list[float]] = {}
+        for p in self.left:
+            r, source = self._rate(p)
+            by.setdefault(source, []).append(r)
+        said = {
+            "measured": f"measured on {self.measured_runs} finished run(s) of their shapes",
+            "probed": f"probed ({PROBE_STEPS} training steps of each of {len(self.probed)} shape(s): "
+                      + ", ".join(sorted(v[1] for v in self.probed.values())) + ")",
+            "pooled": f"measured on {self.measured_runs} finished run(s) of other shapes",
+            "assumed": f"assumed ({min(self.threads, self.cores / self.workers):g} thread(s))",
+        }
+        parts = [f"{_span(by[s])} GFLOP/s per worker, {said[s]}" + (f", for {len(by[s])} run(s)" if len(by) > 1
+                 else "") for s in ("measured", "probed", "pooled", "assumed") if s in by]
+        return "; ".join(parts) + ("" if set(by) == {"measured"} else "; refined as runs finish")
 
     def remaining(self, groups: Sequence[Sequence[Path]] | None = None, workers: Sequence[int] | None = None
                   ) -> float | None:
-        """Seconds left: the owed FLOPs over ``workers × rate``; with ``groups`` (sweeps run one after another),
-        the sum over them, each with its own number of busy ``workers``."""
-        r, _ = self.rate()
-        if r is None:
+        """Seconds left: each run's owed FLOPs over its rate (:meth:`rate`), shared by ``workers``; with
+        ``groups`` (sweeps run one after another), the sum over them, each with its own number of busy
+        ``workers``."""
+        if self.left and self._rate(next(iter(self.left)))[0] is None:
             return None
         if groups is None:
             groups, workers = [list(self.left)], [self.workers]
-        return sum((sum(self.owed.get(p, 0.0) for p in group if p in self.left) / r
-                    + self.overhead * sum(p in self.left for p in group)) / w for group, w in zip(groups, workers))
+        return sum(sum(self.owed.get(p, 0.0) / self._rate(p)[0] + self.overhead for p in group if p in self.left) / w
+                   for group, w in zip(groups, workers))
 
     def estimate_line(self, groups: Sequence[Sequence[Path]] | None = None,
                       workers: Sequence[int] | None = None) -> str:
@@ -196,14 +272,13 @@ class SweepClock:
         none is given."""
         if not self.left:
             return "nothing left to run"
-        r, why = self.rate()
         left = self.remaining(groups, workers)
         if left is None:
-            return f"runtime: {why}"
+            return f"runtime: {self.rate()[1]}"
         flops = sum(self.owed.get(p, 0.0) for p in self.left)
         most = self.workers if workers is None else max(workers)
         return (f"estimated runtime {duration(left)}: {len(self.left)} run(s), {flops:.3g} model FLOPs over "
-                f"{most} worker(s) at {why}")
+                f"{most} worker(s) at {self._why()}")
 
     def left_line(self) -> str:
         """After a run finishes: what is left, e.g. ``57 left, ≈ 1 h 26 min``."""
