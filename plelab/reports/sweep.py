@@ -120,7 +120,7 @@ def budget_table(budget: dict) -> tuple[list[str], list[list[str]]]:
         rows.append([f"{arm} vs {e['baseline']}", str(e.get("half_step", "—")), gain(e.get("gain_half")),
                      str(e.get("final_step", "—")), gain(e.get("gain_final")), gain(e.get("change")), iso,
                      e["label"]])
-    return (["comparison", "half-way step", "gain there", "final step", "final gain", "change", "iso-loss ratio",
+    return (["comparison", "half-way step", "Δ there", "final step", "final Δ", "change in Δ", "iso-loss ratio",
              "verdict"], rows)
 
 
@@ -174,8 +174,9 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> l
     budget = analysis.get("token_budget") or {}
     if budget:
         out += [("h2", "Token budget: a speed-up or added capacity?"),
-                ("p", "Each arm against the baseline along training (paired by seed): the gain at the evaluation "
-                      "nearest half-way and at the end, their change (positive: the gain shrank; Holm and TOST at "
+                ("p", "Each arm against the baseline along training (paired by seed): Δ = L_arm − L_base "
+                      "(negative: the arm ahead) at the evaluation nearest half-way and at the end, the change in Δ "
+                      "(positive: the arm's lead shrank or its deficit grew; Holm and TOST at "
                       "±δ over the arms), and the iso-loss step ratio, the baseline steps needed for the arm's final "
                       "loss per arm step (median over seeds; '>' where the baseline never reached it). Inside one "
                       "cosine schedule the tokens seen and the schedule's position move together."),
