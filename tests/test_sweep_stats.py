@@ -268,6 +268,32 @@ def test_the_seeds_dead_zone_step_is_the_one_at_the_seeds_dp_over_h():
     assert other.sources == (("consecutive", "dp4", "dp8"),)
 
 
+def test_a_dead_zone_between_arms_that_lose_to_the_baseline_is_called_that():
+    """An equivalent step whose arms are both significantly above the baseline is not the seed's plateau after a
+    gain: the finding says where the step's arms stand against the baseline, and that neither beats it."""
+    from plelab.reports.sweep_findings import findings, seed_step_finding
+
+    rng = np.random.default_rng(5)
+    base = 5.0 + rng.normal(0, 0.05, 6)
+    res = _synthetic({"dp0": base, "dp4": base + 0.05 + rng.normal(0, 0.002, 6),
+                      "dp8": base + 0.05 + rng.normal(0, 0.002, 6), "dp16": base - 0.06 + rng.normal(0, 0.002, 6)})
+    analysis = analyse(res)
+    step = next(c for c in analysis["consecutive"] if (c["a"], c["b"]) == ("dp4", "dp8"))
+    assert step["label"] == stats.EQUIVALENT
+    same = seed_step_finding(analysis["consecutive"], res.spec, hidden=160, vs_baseline=analysis["vs_baseline"])
+    assert "is a measured equivalence; against the baseline: dp4 +0.05" in same
+    assert "worse than the baseline" in same and ("vs_baseline", "dp0", "dp8") in same.sources
+    dead = next(f for f in findings(res, analysis, {"tokens_per_row": 1, "seed_tokens_per_row": 1, "base_params": 1})
+                if f.startswith("Dead zone measured"))
+    assert "dP 4→8" in dead and "not the seed's plateau after a gain" in dead
+    # a step of arms below the baseline carries no such warning
+    res = _synthetic({"dp0": base, "dp4": base - 0.05 + rng.normal(0, 0.002, 6),
+                      "dp8": base - 0.05 + rng.normal(0, 0.002, 6), "dp16": base - 0.1 + rng.normal(0, 0.002, 6)})
+    analysis = analyse(res)
+    same = seed_step_finding(analysis["consecutive"], res.spec, hidden=160, vs_baseline=analysis["vs_baseline"])
+    assert "against the baseline: dp4 -0.05" in same and "worse than the baseline" not in same
+
+
 def test_the_study_profile_sweeps_the_seeds_ratios_with_every_control():
     from plelab.config import resolve_config
     from plelab.demo import PROFILES

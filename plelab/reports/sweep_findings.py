@@ -38,9 +38,27 @@ SEED_HIDDEN = 2560
 SEED_FIRST_RATIOS = (64 / SEED_HIDDEN, 128 / SEED_HIDDEN)  # dP/H 0.025 → 0.05
 
 
-def seed_step_finding(cons: list[dict], spec, hidden: int) -> Finding | None:
-    """The seed's dead-zone step at the same dP/H ratios (0.025 → 0.05), if this sweep has it; otherwise says
-    that the sweep's first step is a different ratio, not the seed's step."""
+def baseline_standing(step: dict, vs_baseline: list[dict]) -> tuple[str, tuple]:
+    """How a consecutive step's arms stand against the baseline: ``"; against the baseline: dp4 +0.0317
+    (significant rise), …"`` and, when neither arm beats it, that the plateau is one of arms worse than no table
+    (the seed's dead-zone arms, dP 64 and 128, sat 0.006 below its baseline). Returns the text and its sources."""
+    rows = [r for arm in (step["a"], step["b"]) for r in vs_baseline if r["b"] == arm]
+    if not rows:
+        return "", ()
+    text = "; against the baseline: " + ", ".join(f"{r['b']} {r['mean']:+.4f} ({r['label']})" for r in rows)
+    if all(r["label"] in (stats.RISE, stats.SMALL_RISE) for r in rows):
+        text += (" — every arm of the step is worse than the baseline, so this is a plateau of arms that lose to "
+                 "having no table, not the seed's plateau after a gain (its dP 64 and 128 sat 0.006 below its "
+                 "baseline)")
+    elif not any(r["label"] in (stats.DROP, stats.SMALL_DROP) for r in rows):
+        text += " — no arm of the step is shown below the baseline"
+    return text, tuple(("vs_baseline", r["a"], r["b"]) for r in rows)
+
+
+def seed_step_finding(cons: list[dict], spec, hidden: int, vs_baseline: list[dict] = ()) -> Finding | None:
+    """The seed's dead-zone step at the same dP/H ratios (0.025 → 0.05), if this sweep has it, with its arms'
+    standing against the baseline (:func:`baseline_standing`); otherwise says that the sweep's first step is a
+    different ratio, not the seed's step."""
     positive = sorted({a.x for a in spec.arms if a.family == "dP" and a.x > 0})
     if len(positive) < 2:
         return None
@@ -49,9 +67,10 @@ def seed_step_finding(cons: list[dict], spec, hidden: int) -> Finding | None:
     same = next((c for c in cons if all(math.isclose(spec.arm(c[k]).x / hidden, r)
                                         for k, r in zip(("a", "b"), SEED_FIRST_RATIOS))), None)
     if same is not None:
-        return Finding(f"{seed}. The same dP/H step here (H = {hidden}), {_step(same, spec)}, does "
-                       f"{'' if same['label'] == stats.EQUIVALENT else 'not '}reproduce it as a measured equivalence.",
-                       ("consecutive", same["a"], same["b"]))
+        standing, sources = baseline_standing(same, vs_baseline)
+        return Finding(f"{seed}. The same dP/H step here (H = {hidden}), {_step(same, spec)}, "
+                       f"{'is' if same['label'] == stats.EQUIVALENT else 'is not'} a measured equivalence{standing}.",
+                       ("consecutive", same["a"], same["b"]), *sources)
     first = next((c for c in cons if c["a"] == spec.at("dP", positive[0])), None)
     if first is None:
         return None
@@ -98,9 +117,10 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[Finding]:
                                f"{best['mean']:+.4f}, '{best['label']}').", ("vs_baseline", best["a"], best["b"])))
     dead = [c for c in cons if c["label"] == stats.EQUIVALENT]
     if dead:
-        out.append(Finding("Dead zone measured: " + "; ".join(_step(c, spec) for c in dead)
-                           + f" — the loss change is shown to lie within ±{spec.delta} nats.",
-                           *_rows("consecutive", dead)))
+        standings = [baseline_standing(c, analysis["vs_baseline"]) for c in dead]
+        steps = "; ".join(_step(c, spec) + text for c, (text, _) in zip(dead, standings))
+        out.append(Finding(f"Dead zone measured (the loss change shown to lie within ±{spec.delta} nats): {steps}.",
+                           *_rows("consecutive", dead), *(src for _, ss in standings for src in ss)))
     else:
         out.append(Finding(f"No dead zone is established: no consecutive step is shown equivalent within ±{spec.delta} "
                            "nats (an unchanged mean is not evidence of no effect).", *_rows("consecutive", cons)))
@@ -118,7 +138,8 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[Finding]:
             msg += (f"; about {need} seeds per arm would detect a true step of δ={spec.delta} at the spread measured "
                     f"here (grow this sweep: `{sweep_command(spec, res.root, seeds=need)}`)")
         out.append(Finding(msg + ".", *_rows("consecutive", unclear)))
-    seed_step = seed_step_finding(cons, spec, res.configs[spec.baseline]["model"]["hidden_size"])
+    seed_step = seed_step_finding(cons, spec, res.configs[spec.baseline]["model"]["hidden_size"],
+                                  analysis["vs_baseline"])
     if seed_step is not None:
         out.append(seed_step)
     budget = analysis.get("token_budget") or {}
