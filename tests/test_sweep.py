@@ -397,6 +397,22 @@ def test_a_long_sweep_probes_its_rate_before_it_starts(tmp_path, monkeypatch):
     assert again.probe() and not calls and again.rate()[0] == probed.rate()[0]  # a shape is probed once a process
 
 
+def test_the_probe_trains_every_arm_a_dp_study_can_hold(tmp_path):
+    """The long study's clock probes one run of each shape before anything trains: every control's config
+    (the iid control's table rows come apart from the tokens) must train a real step."""
+    import plelab.sweeps.eta as eta
+    from plelab.sweeps.commands import dp_spec
+
+    spec = dp_spec(preset="cpu-tiny", dp=[0, 8, 16], controls="all", control_dp=8, seeds=1,
+                   overrides=["ple.vocab_size=64", "ple.vocab_remap=frequency"])
+    shapes = {}
+    for job in jobs_of(tmp_path, spec):
+        shapes.setdefault(eta.shape_key(job.cfg), job.cfg)
+    assert any(c.ple.ids == "iid" for c in shapes.values()) and len(shapes) >= 8
+    for cfg in shapes.values():
+        assert eta.probe_rate(cfg, threads=1, steps=1) > 0
+
+
 def test_sweep_clock_keeps_a_rate_per_shape(tmp_path, monkeypatch):
     from types import SimpleNamespace
 

@@ -55,7 +55,8 @@ PROBE_SHAPES = 8
 def probe_rate(cfg: RunConfig, threads: int, steps: int = PROBE_STEPS) -> float:
     """Model FLOP/s of one worker training ``cfg`` on ``threads`` CPU threads: the median of ``steps`` training
     steps (forward, backward over ``train.grad_accum`` micro-batches, AdamW), after a warm-up step, of its model
-    on random ids of its batch shape. Evaluations and checkpoints are left out (a few % of a run)."""
+    on random ids of its batch shape (and random table rows for the ``iid`` control). Evaluations and checkpoints
+    are left out (a few % of a run)."""
     t, mc = cfg.train, cfg.model
     rows = (torch.arange(mc.vocab_size) % cfg.ple.resolved_vocab_size(mc)
             if cfg.ple.enabled and cfg.ple.vocab_remap == "frequency" else None)
@@ -65,13 +66,16 @@ def probe_rate(cfg: RunConfig, threads: int, steps: int = PROBE_STEPS) -> float:
     try:
         model = build_model(mc, cfg.ple, seed=0, token_rows=rows)
         opt = build_optimizer(model, t)
-        ids = torch.randint(0, mc.vocab_size, (t.batch_size // t.grad_accum, t.seq_len),
-                            generator=torch.Generator().manual_seed(0))
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, mc.vocab_size, (t.batch_size // t.grad_accum, t.seq_len), generator=gen)
+        # the iid control's rows are drawn apart from the tokens (the same lookups, so the same FLOPs)
+        table_ids = (torch.randint(0, cfg.ple.resolved_vocab_size(mc), ids.shape, generator=gen)
+                     if cfg.ple.enabled and cfg.ple.ids == "iid" else None)
         times = []
         for _ in range(steps + 1):
             start = time.perf_counter()
             for _ in range(t.grad_accum):
-                model(ids, labels=ids, return_logits=False).loss.backward()
+                model(ids, labels=ids, table_ids=table_ids, return_logits=False).loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - start)
