@@ -66,7 +66,7 @@ PROFILES = {
     "long": Profile("cpu-long-h160", [0, 4, 8, 16, 32], 3, 2300, controls=["iid", "zero", "gate-scalar"],
                     corpus="packages", ladder=FitLadder(hidden=(40, 80, 120, 160), steps=(575, 1150, 2300), ratio=0.1),
                     about="a 0.46 M trunk to 20 tokens per parameter, 17 arms × 3 seeds, then a 4 × 3 fit ladder: "
-                          "≈ 17 hours on 2 cores, resumable"),
+                          "≈ 7 hours measured on 2 cores, resumable"),
     "study-gpu": Profile("gpu-125m", [0, 32, 64, 128, 256], 3, 5000,
                          controls=["frozen", "zero", "iid", "matched", "boost"],
                          overrides=["train.early_checkpoint=1000", "train.checkpoint_every=1000"],

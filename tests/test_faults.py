@@ -164,3 +164,43 @@ def test_sweep_killed_at_random_points_three_times_runs_everything_once(tmp_path
         assert not list((run / "checkpoints").glob("*.tmp-*"))
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and f"{runs} already done, 0 to run" in again.stdout
+
+
+def _workers_of(root: Path) -> list[int]:
+    """Pids of live processes whose command line names ``root`` (the sweep's workers: ``plelab train --out …``)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError, ValueError):
+            continue
+        if proc.name.isdigit() and " train " in cmdline and str(root) in cmdline and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads the process table from /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_sweep_stopped_by_a_signal_stops_its_workers_and_says_how_to_resume(tmp_path, tiny_data, sig):
+    """``kill`` (or ``scancel``, or a closed terminal) on the sweep alone: no worker trains on, orphaned."""
+    root = tmp_path / "sw"
+    cmd = [sys.executable, "-m", "plelab", "sweep", "--preset", "cpu-tiny", "--dp", "0,8", "--seeds", "1",
+           "--steps", "100000", "--out", str(root), "--no-report", "--no-progress", "--jobs", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_workers_of(root)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_workers_of(root)) == 2, "the sweep never started its two workers"
+        proc.send_signal(sig)  # the sweep only, not its process group
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143
+        assert err.strip().splitlines()[-1].startswith(f"plelab: error: stopped by {sig.name}: the running workers "
+                                                        "were stopped; rerun the same command to resume")
+        assert "Traceback" not in err
+        assert _workers_of(root) == []
+    finally:  # whatever failed above, nothing of this test trains on
+        proc.kill()
+        for pid in _workers_of(root):
+            os.kill(pid, signal.SIGKILL)

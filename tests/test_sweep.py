@@ -448,6 +448,11 @@ def test_sweep_clock_keeps_a_rate_per_shape(tmp_path, monkeypatch):
     tiny = eta.SweepClock(jobs[:2], set(), workers=1, threads=1, device="cpu", cores=2, overhead=0)
     tiny.owed = {p: 1.0 for p in tiny.owed}  # seconds of work: not worth a probe
     assert not tiny.probe() and "assumed" in tiny.estimate_line()
+    monkeypatch.setattr(eta, "_PROBED", {})
+    capped = eta.SweepClock(jobs, set(), workers=1, threads=1, device="cpu", cores=2, overhead=0)
+    assert capped.probe(most=1) and seen[2:] == [128]  # the costlier shape only...
+    assert capped.rate(jobs[0].path) == (1e9, "probed elsewhere")  # ...which prices the other, not the assumption
+    assert "the median probed shape's" in capped.estimate_line() and "assumed" not in capped.estimate_line()
 
 
 def test_sweep_clock_states_the_runtime_from_flops_and_measured_rates(tmp_path):

@@ -7,7 +7,8 @@ shape, precision — a step's FLOP/s depend on them; on the long study they span
 rate *measured* on finished runs of its shape — total FLOPs over total seconds (for runs this sweep watched, the
 seconds their worker took less the start-up priced apart; for runs finished before, their ``summary.json`` wall
 time: the training loop with its evaluations, diagnostics, checkpoints and visual parts) — else the rate
-*probed* on its shape, else the rate measured on every finished run, else the *assumed* rate. A CPU sweep whose
+*probed* on its shape, else the rate measured on every finished run, else the median rate probed on other shapes
+(for runs a probe could stand for), else the *assumed* rate. A CPU sweep whose
 unmeasured shapes owe over :data:`PROBE_ABOVE_S` probes up to :data:`PROBE_SHAPES` of them first (costliest
 first; :func:`probe_rate`: a few training steps on random ids, as one worker would run them — the assumption,
 measured on tiny runs, erred 2× long on the long study); runs the probe cannot stand for (visual runs, bf16)
@@ -48,8 +49,9 @@ RUN_OVERHEAD_S = 4.0
 # one warm-up step (their median is the step time).
 PROBE_ABOVE_S = 600.0
 PROBE_STEPS = 3
-# at most this many shapes probed per clock (the costliest first; the rest priced at the pooled rate)
-PROBE_SHAPES = 8
+# at most this many shapes probed per clock (the costliest first; the rest priced at the probed shapes' median):
+# the long study holds 25 shapes, ≈ 2 s of probing each
+PROBE_SHAPES = 32
 
 
 def probe_rate(cfg: RunConfig, threads: int, steps: int = PROBE_STEPS) -> float:
@@ -144,7 +146,7 @@ class SweepClock:
     the folders already finished; ``workers`` run at once with ``threads`` each on ``device`` (``cpu`` |
     ``cuda``). Rates are kept per shape (:func:`shape_key`): a run is priced at the rate measured on finished
     runs of its shape, else the rate probed on its shape, else the rate measured on all finished runs, else the
-    assumed rate."""
+    median rate probed on other shapes (runs a probe can stand for), else the assumed rate."""
 
     def __init__(self, jobs: Sequence, done: set[Path], workers: int, threads: int, device: str,
                  cores: int | None = None, overhead: float = RUN_OVERHEAD_S) -> None:
@@ -189,8 +191,7 @@ class SweepClock:
         if self.device != "cpu":
             return False
         unmeasured = [p for p in self.left if self.shapes[p] not in self.measured and self.shapes[p] not in
-                      self.probed and not self.configs[p].visual.enabled
-                      and self.configs[p].train.precision in ("fp32", "auto")]
+                      self.probed and self._probeable(p)]
         if not unmeasured or sum(self.owed.get(p, 0.0) / self._rate(p)[0] for p in unmeasured) / self.workers <= above:
             return False
         costs: dict[str, float] = {}
@@ -208,9 +209,13 @@ class SweepClock:
             self.probed[shape] = _PROBED[shape, threads], "/".join(path.parts[-3:])
         return True
 
+    def _probeable(self, path: Path) -> bool:
+        cfg = self.configs[path]
+        return not cfg.visual.enabled and cfg.train.precision in ("fp32", "auto")
+
     def _rate(self, path: Path) -> tuple[float | None, str]:
         """FLOP/s of one worker on the run ``path`` and its source: ``measured`` | ``probed`` | ``pooled`` |
-        ``assumed`` | ``none``."""
+        ``probed elsewhere`` | ``assumed`` | ``none``."""
         shape = self.shapes[path]
         if shape in self.measured:
             f, s, _ = self.measured[shape]
@@ -219,6 +224,8 @@ class SweepClock:
             return self.probed[shape][0], "probed"
         if self.measured:
             return sum(m[0] for m in self.measured.values()) / sum(m[1] for m in self.measured.values()), "pooled"
+        if self.probed and self._probeable(path):
+            return statistics.median(v[0] for v in self.probed.values()), "probed elsewhere"
         if self.device == "cpu":
             return ASSUMED_CORE_FLOPS * min(self.threads, self.cores / self.workers), "assumed"
         return None, "none"
@@ -252,10 +259,11 @@ class SweepClock:
             "probed": f"probed ({PROBE_STEPS} training steps of each of {len(self.probed)} shape(s): "
                       + ", ".join(sorted(v[1] for v in self.probed.values())) + ")",
             "pooled": f"measured on {self.measured_runs} finished run(s) of other shapes",
+            "probed elsewhere": f"the median probed shape's, for shapes past the {PROBE_SHAPES} probed",
             "assumed": f"assumed ({min(self.threads, self.cores / self.workers):g} thread(s))",
         }
         parts = [f"{_span(by[s])} GFLOP/s per worker, {said[s]}" + (f", for {len(by[s])} run(s)" if len(by) > 1
-                 else "") for s in ("measured", "probed", "pooled", "assumed") if s in by]
+                 else "") for s in ("measured", "probed", "pooled", "probed elsewhere", "assumed") if s in by]
         return "; ".join(parts) + ("" if set(by) == {"measured"} else "; refined as runs finish")
 
     def remaining(self, groups: Sequence[Sequence[Path]] | None = None, workers: Sequence[int] | None = None

@@ -22,10 +22,12 @@ import fcntl
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -326,7 +328,36 @@ def _run_in_process(todo: list[RunJob], bar, progress: bool, log, clock: SweepCl
                                          f"{clock.left_line()})")
 
 
+class SweepStopped(PlelabError):
+    """The sweep process got SIGTERM or SIGHUP (``kill``, ``scancel``, a closed terminal): its workers are
+    stopped before it exits, so no run goes on training without it."""
+
+    exit_code = 143
+
+
+@contextmanager
+def _stop_on_signals():
+    """Turn SIGTERM / SIGHUP into :class:`SweepStopped` while the workers run, so the ``finally`` that stops
+    them runs too (the default action would end this process and leave them training, orphaned)."""
+    def stop(signum, _frame):
+        raise SweepStopped(f"stopped by {signal.Signals(signum).name}: the running workers were stopped; rerun the "
+                           "same command to resume (finished runs are kept, the others resume from their checkpoints)")
+    names = [s for s in ("SIGTERM", "SIGHUP") if hasattr(signal, s)]
+    before = {n: signal.signal(getattr(signal, n), stop) for n in names}
+    try:
+        yield
+    finally:
+        for n, handler in before.items():
+            signal.signal(getattr(signal, n), handler)
+
+
 def _run_workers(todo: list[RunJob], jobs: int, bar, report, clock: SweepClock) -> None:
+    guard = _stop_on_signals() if threading.current_thread() is threading.main_thread() else nullcontext()
+    with guard:
+        _watch_workers(todo, jobs, bar, report, clock)
+
+
+def _watch_workers(todo: list[RunJob], jobs: int, bar, report, clock: SweepClock) -> None:
     for cfg in {data_key(j.cfg): j.cfg for j in todo}.values():  # fill the caches once here, not in every worker
         warm_caches(cfg)
     threads = max(1, available_cores() // jobs)
