@@ -383,9 +383,10 @@ def test_a_long_sweep_probes_its_rate_before_it_starts(tmp_path, monkeypatch):
     said = []
     monkeypatch.setattr(eta, "_PROBED", {})
     probed = clock(long)
-    assert probed.probe(said.append) and "probing the rate: 3 training steps of each of 1 shape(s)" in said[0]
+    assert probed.probe(said.append)
+    assert f"probing the rate: {eta.PROBE_STEPS} training steps of each of 1 shape(s)" in said[0]
     line = probed.estimate_line()
-    assert "probed (3 training steps of" in line and "assumed" not in line
+    assert f"probed ({eta.PROBE_STEPS} training steps of" in line and "assumed" not in line
     assert 1e7 < probed.rate()[0] < 1e13  # a real measurement on this CPU, whatever it is
     short = resolve_config("cpu-tiny", ["train.steps=100"])
     visual = resolve_config("cpu-tiny", ["train.steps=1000000", "visual.enabled=true"])
@@ -435,7 +436,7 @@ def test_sweep_clock_keeps_a_rate_per_shape(tmp_path, monkeypatch):
     f_small, f_wide = eta.run_flops(small), eta.run_flops(wide)
     assert clock.remaining() == pytest.approx(2 * f_small / 4e9 + 2 * f_wide / 1e9)  # each shape at its own rate
     line = clock.estimate_line()
-    assert "1.0–4.0 GFLOP/s per worker, probed (3 training steps of each of 2 shape(s)" in line
+    assert f"1.0–4.0 GFLOP/s per worker, probed ({eta.PROBE_STEPS} training steps of each of 2 shape(s)" in line
     for j in jobs[:2]:
         j.path.mkdir(parents=True)
         (j.path / "summary.json").write_text(json.dumps({"wall_seconds": f_small / 2e9}))

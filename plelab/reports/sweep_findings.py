@@ -149,8 +149,8 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[Finding]:
         iso = [(arm, e["curve"][-1]["iso_ratio_median"]) for arm, e in decided.items()]
         iso_text = "; ".join(f"{a} {r:.2f}×" if r is not None else f"{a} > 1× (the baseline never got there)"
                              for a, r in iso)
-        out.append(Finding("Token budget, each arm against the baseline (Δ = L_arm − L_base) from half-way to the "
-                           "end of training: "
+        out.append(Finding("Token budget, each arm against the baseline (Δ = L_arm − L_base, negative: the arm ahead) "
+                           "from half-way to the end of training: "
                            + "; ".join(parts) + f". Baseline steps per arm step to the arm's final loss (median over "
                            f"seeds): {iso_text}. Within one cosine schedule, so a closing gain is a speed-up within "
                            "this schedule; longer budgets are other runs (plelab plan --target).",

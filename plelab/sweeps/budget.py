@@ -118,13 +118,13 @@ def _significant_gain(g: dict) -> bool:
 
 def _verdict(entry: dict, c: stats.Comparison) -> tuple[str, str]:
     half, final = entry["gain_half"], entry["gain_final"]
-    numbers = (f"Δ = L_arm − L_base (negative: the arm ahead) {half['mean']:+.4f} [{half['ci_low']:+.4f}, "
+    numbers = (f"Δ {half['mean']:+.4f} [{half['ci_low']:+.4f}, "
                f"{half['ci_high']:+.4f}] at step {entry['half_step']}, {final['mean']:+.4f} [{final['ci_low']:+.4f}, "
                f"{final['ci_high']:+.4f}] at step {entry['final_step']}; change in Δ {c.mean:+.4f} "
                f"[{c.ci_low:+.4f}, {c.ci_high:+.4f}], p_Holm {c.p_adj:.3g}, p_TOST,Holm {c.p_tost_adj:.3g}")
     if not _significant_gain(half) and not _significant_gain(final):
-        return NO_GAIN, numbers + (f": by its own paired t over {c.n} seeds the arm is not significantly below the "
-                                   f"baseline (a drop not shown smaller than δ={c.delta}) half-way or at the end")
+        return NO_GAIN, numbers + (f": no gain of interest half-way or at the end (that takes a significant drop, "
+                                   f"paired t over {c.n} seeds, not shown smaller than δ = {c.delta})")
     if c.label in (stats.RISE,) and _significant_gain(half):
         return (CLOSING if _significant_gain(final) else CLOSED), numbers
     if c.label == stats.DROP:

@@ -45,20 +45,22 @@ ASSUMED_CORE_FLOPS = 27e9
 # A worker's start-up per run — interpreter, imports, the prepared data from the cache — which FLOPs do not
 # price: ≈ 4 s on the 2-core machines measured here (BENCHMARKS.md, "Sweep workers").
 RUN_OVERHEAD_S = 4.0
-# A sweep the assumed rate puts over this many seconds probes its rate first; the probe's training steps, after
-# one warm-up step (their median is the step time).
+# A sweep the assumed rate puts over this many seconds probes its rate first: the probe's training steps, after
+# PROBE_WARMUP warm-up steps (their median is the step time). On the long study's shapes the second step still
+# runs ≈ 15% slow, and single steps vary ±15% (BENCHMARKS.md, "Sweep runtime estimates").
 PROBE_ABOVE_S = 600.0
-PROBE_STEPS = 3
+PROBE_WARMUP = 2
+PROBE_STEPS = 5
 # at most this many shapes probed per clock (the costliest first; the rest priced at the probed shapes' median):
-# the long study holds 25 shapes, ≈ 2 s of probing each
+# the long study holds 25 shapes, ≈ 3 s of probing each
 PROBE_SHAPES = 32
 
 
 def probe_rate(cfg: RunConfig, threads: int, steps: int = PROBE_STEPS) -> float:
     """Model FLOP/s of one worker training ``cfg`` on ``threads`` CPU threads: the median of ``steps`` training
-    steps (forward, backward over ``train.grad_accum`` micro-batches, AdamW), after a warm-up step, of its model
-    on random ids of its batch shape (and random table rows for the ``iid`` control). Evaluations and checkpoints
-    are left out (a few % of a run)."""
+    steps (forward, backward over ``train.grad_accum`` micro-batches, AdamW), after :data:`PROBE_WARMUP` warm-up
+    steps, of its model on random ids of its batch shape (and random table rows for the ``iid`` control).
+    Evaluations and checkpoints are left out (a few % of a run)."""
     t, mc = cfg.train, cfg.model
     rows = (torch.arange(mc.vocab_size) % cfg.ple.resolved_vocab_size(mc)
             if cfg.ple.enabled and cfg.ple.vocab_remap == "frequency" else None)
@@ -74,7 +76,7 @@ def probe_rate(cfg: RunConfig, threads: int, steps: int = PROBE_STEPS) -> float:
         table_ids = (torch.randint(0, cfg.ple.resolved_vocab_size(mc), ids.shape, generator=gen)
                      if cfg.ple.enabled and cfg.ple.ids == "iid" else None)
         times = []
-        for _ in range(steps + 1):
+        for _ in range(PROBE_WARMUP + steps):
             start = time.perf_counter()
             for _ in range(t.grad_accum):
                 model(ids, labels=ids, table_ids=table_ids, return_logits=False).loss.backward()
@@ -84,7 +86,7 @@ def probe_rate(cfg: RunConfig, threads: int, steps: int = PROBE_STEPS) -> float:
     finally:
         torch.set_num_threads(before)
     flops = flops_per_token(mc, cfg.ple, t.seq_len) * t.batch_size * t.seq_len
-    return flops / statistics.median(times[1:])
+    return flops / statistics.median(times[PROBE_WARMUP:])
 
 
 def run_flops(cfg: RunConfig) -> float:
