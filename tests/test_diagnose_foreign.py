@@ -80,7 +80,7 @@ def diagnose_json(tmp_path, *argv) -> dict:
 
 def full(p):
     return [p / "s0", "--reference", p / "s1", "--init", p / "s0-init", "--reference-init", p / "s1-init",
-            "--data", p / "val.txt", "--tokenizer", p / "tokenizer.json", "--seq-len", "32", "--windows", "64"]
+            "--data", p / "val.txt", "--tokenizer", p / "tokenizer.json", "--seq-len", "32", "--windows", "128"]
 
 
 def test_the_full_verdict_on_a_foreign_pair_learned_and_used_and_not_for_iid_ids(pairs, tmp_path):
@@ -90,7 +90,7 @@ def test_the_full_verdict_on_a_foreign_pair_learned_and_used_and_not_for_iid_ids
         table = rep["table"]
         assert table["basis"] == "Δ = W_t − W_0"
         assert table["cross_seed"]["null"] == "rows permuted within frequency bins"
-        assert set(table["use"]) == {"reset", "permute"} and table["use"]["permute"]["windows"] == 64
+        assert set(table["use"]) == {"reset", "permute"} and table["use"]["permute"]["windows"] == 128
         assert len(rep["layers"]) == 2 and all("cross_seed" in layer and layer["use"] for layer in rep["layers"])
         assert rep["rows"]["used"] == VOCAB and "val.txt" in rep["rows"]["counted_in"]
     assert reps[0]["table"]["verdict"]["structure"] == "LEARNED", reps[0]["table"]["verdict"]
