@@ -46,13 +46,14 @@ ASSUMED_CORE_FLOPS = 27e9
 # price: ≈ 4 s on the 2-core machines measured here (BENCHMARKS.md, "Sweep workers").
 RUN_OVERHEAD_S = 4.0
 # A sweep the assumed rate puts over this many seconds probes its rate first: the probe's training steps, after
-# PROBE_WARMUP warm-up steps (their median is the step time). On the long study's shapes the second step still
-# runs ≈ 15% slow, and single steps vary ±15% (BENCHMARKS.md, "Sweep runtime estimates").
+# PROBE_WARMUP warm-up steps (their median is the step time). On the long study's dP 0 shape the second step ran
+# 16% below the later median, and single steps after it spread 48–68 GFLOP/s (BENCHMARKS.md, "Sweep runtime
+# estimates").
 PROBE_ABOVE_S = 600.0
 PROBE_WARMUP = 2
 PROBE_STEPS = 5
 # at most this many shapes probed per clock (the costliest first; the rest priced at the probed shapes' median):
-# the long study holds 25 shapes, ≈ 3 s of probing each
+# the long study holds 23 shapes, probed in 48 s on a 2-core Intel Xeon
 PROBE_SHAPES = 32
 
 
@@ -215,6 +216,9 @@ class SweepClock:
         cfg = self.configs[path]
         return not cfg.visual.enabled and cfg.train.precision in ("fp32", "auto")
 
+    def _probed_median(self) -> float:
+        return statistics.median(v[0] for v in self.probed.values())
+
     def _rate(self, path: Path) -> tuple[float | None, str]:
         """FLOP/s of one worker on the run ``path`` and its source: ``measured`` | ``probed`` | ``pooled`` |
         ``probed elsewhere`` | ``assumed`` | ``none``."""
@@ -227,7 +231,7 @@ class SweepClock:
         if self.measured:
             return sum(m[0] for m in self.measured.values()) / sum(m[1] for m in self.measured.values()), "pooled"
         if self.probed and self._probeable(path):
-            return statistics.median(v[0] for v in self.probed.values()), "probed elsewhere"
+            return self._probed_median(), "probed elsewhere"
         if self.device == "cpu":
             return ASSUMED_CORE_FLOPS * min(self.threads, self.cores / self.workers), "assumed"
         return None, "none"
@@ -241,7 +245,7 @@ class SweepClock:
             r = sum(m[0] for m in self.measured.values()) / sum(m[1] for m in self.measured.values())
             return r, f"{r / 1e9:.1f} GFLOP/s per worker, measured on {self.measured_runs} finished run(s)"
         if self.probed:
-            r = statistics.median(v[0] for v in self.probed.values())
+            r = self._probed_median()
             return r, f"{_span([v[0] for v in self.probed.values()])} GFLOP/s per worker probed"
         if self.device == "cpu":
             threads = min(self.threads, self.cores / self.workers)
@@ -261,7 +265,7 @@ class SweepClock:
             "probed": f"probed ({PROBE_STEPS} training steps of each of {len(self.probed)} shape(s): "
                       + ", ".join(sorted(v[1] for v in self.probed.values())) + ")",
             "pooled": f"measured on {self.measured_runs} finished run(s) of other shapes",
-            "probed elsewhere": f"the median probed shape's, for shapes past the {PROBE_SHAPES} probed",
+            "probed elsewhere": f"the median probed shape's, for shapes not among the {len(self.probed)} probed",
             "assumed": f"assumed ({min(self.threads, self.cores / self.workers):g} thread(s))",
         }
         parts = [f"{_span(by[s])} GFLOP/s per worker, {said[s]}" + (f", for {len(by[s])} run(s)" if len(by) > 1
