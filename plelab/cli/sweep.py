@@ -45,7 +45,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    print("\n".join(f"wrote {p}" for p in report(Path(args.sweep))))
+    print("\n".join(f"wrote {p}" for p in report(Path(args.sweep), delta=args.delta)))
     return 0
 
 
@@ -136,9 +136,11 @@ def add_parsers(sub) -> None:
                    help="an extra arm family crossed with every dP > 0, e.g. scalar:ple.gate=scalar")
     p.add_argument("--steps", type=int, help="optimizer steps per run (equal token budget for every arm)")
     p.add_argument("--data", help="your text instead of the embedded corpus (as for plelab train)")
-    p.add_argument("--delta", type=float, default=0.02,
-                   help="smallest effect of interest δ in nats for the equivalence tests (default 0.02)")
-    p.add_argument("--last-k", type=int, default=3, help="a run's loss = mean of its last k evaluations (default 3)")
+    p.add_argument("--delta", type=float,
+                   help="smallest effect of interest δ in nats for the equivalence tests (default 0.02); fixed in the "
+                        "sweep's analysis plan when it is created")
+    p.add_argument("--last-k", type=int,
+                   help="a run's loss = mean of its last k evaluations (default 3); fixed in the analysis plan")
     p.add_argument("--out", required=True, help="the sweep folder (rerun the same command to resume or grow it)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (each gets cores/jobs threads)")
     p.add_argument("--emit", choices=("torchrun", "slurm"),
@@ -150,6 +152,9 @@ def add_parsers(sub) -> None:
 
     p = sub.add_parser("report", help="write a sweep's report: HTML (self-contained) + Markdown + CSV/JSON")
     p.add_argument("sweep", help="the sweep folder")
+    p.add_argument("--delta", type=float,
+                   help="read a dP study at another margin than its analysis plan's: a post-hoc sensitivity analysis, "
+                        "written to SWEEP/report-posthoc-delta-X/ and labelled so")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("advise", help="recommend dP from a finished sweep (never beyond what it measured)")

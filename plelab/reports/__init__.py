@@ -23,12 +23,19 @@ def register_report(kind: str, writer: Callable[[Path], list[Path]]) -> None:
     _WRITERS[kind] = writer
 
 
-def report(sweep: str | Path) -> list[Path]:
-    """Write the report of the sweep folder ``sweep`` into ``sweep/report/``; returns the files written."""
+def report(sweep: str | Path, delta: float | None = None) -> list[Path]:
+    """Write the report of the sweep folder ``sweep`` into ``sweep/report/``; returns the files written.
+    ``delta``: a dP study read at another margin than its plan's, a post-hoc sensitivity analysis written to
+    ``sweep/report-posthoc-delta-{delta}/`` (:func:`plelab.reports.sweep.write_report`)."""
     root = Path(sweep)
     spec = load_spec(root)
     if spec is None:
         return write_report(root)  # says in one line that this is not a sweep
+    if delta is not None:
+        if spec.kind != "dp":
+            raise PlelabError(f"--delta reads a dP study at another margin; {root} is a '{spec.kind}' sweep — drop "
+                              "--delta")
+        return write_report(root, delta=delta)
     check_folder_target(root / "report", "report folder", "move it away and rerun plelab report")
     if spec.kind not in _WRITERS:
         raise PlelabError(f"{root} is a '{spec.kind}' sweep and no report is registered for that kind; import the "

@@ -8,18 +8,21 @@ the Markdown and the HTML always say the same thing.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import time
 from pathlib import Path
 
-from plelab.io import atomic_write, write_json
+from plelab.errors import ConfigError
+from plelab.io import atomic_write, check_folder_target, write_json
 from plelab.reports.sweep_findings import findings, required_seeds
 from plelab.reports.sweep_plots import all_plots
 from plelab.reports.tables import csv_text, fmt
 from plelab.sweeps.analysis import analyse
+from plelab.sweeps.analysis_plan import plan_status
 from plelab.sweeps.mechanism import gate_mechanism
 from plelab.sweeps.results import SweepResults, collect, regime
-from plelab.sweeps.spec import sweep_command
+from plelab.sweeps.spec import DEFAULT_DELTA, run_dir, sweep_command
 
 
 def _cmp_cells(c: dict | None) -> list[str]:
@@ -37,12 +40,32 @@ def _decide(c: dict) -> str:
     return f"{need.get('difference') or '>1000'} / {need.get('equivalence') or '>1000'}"
 
 
-def delta_origin(spec) -> str:
-    """Where δ came from: never from the runs it judges."""
-    if spec.delta == 0.02:
-        return ("plelab's default, declared before any run: about the seed's dP=256 gain of 0.023 nats; pass --delta "
-                "to declare another before the sweep")
-    return "declared by the user with --delta before the sweep"
+def delta_origin(spec, plan: dict, declared: float) -> str:
+    """Where δ came from, as far as the runs' plan stamps show (``plan``: :func:`plan_status`); ``declared``: the
+    plan's δ (another ``spec.delta`` is a post-hoc sensitivity analysis)."""
+    if spec.delta != declared:
+        return (f"a post-hoc sensitivity analysis: this margin was chosen after the runs; the study's analysis plan "
+                f"has δ = {declared:g} and its labels are in report/ — the labels here are exploratory")
+    what = ("plelab's default: about the seed's dP=256 gain of 0.023 nats" if spec.delta == DEFAULT_DELTA
+            else "given with --delta")
+    if plan["before_runs"]:
+        return f"{what}; fixed in the analysis plan before the runs"
+    return f"{what}; not shown to be fixed before the runs (see the analysis plan below)"
+
+
+def run_plan_status(res: SweepResults) -> dict:
+    """:func:`plan_status` of the sweep's finished runs (aliases once)."""
+    return plan_status(res.spec, [run_dir(res.root, a.name, s) for a in res.spec.runnable()
+                                  for s in res.runs.get(a.name, {})])
+
+
+def ci_note(analysis: dict) -> str:
+    """What the intervals are: simultaneous (Dunnett) where a family got them, per comparison elsewhere."""
+    kinds = {c.get("ci_kind") or "" for fam in ("vs_baseline", "controls_vs_baseline") for c in analysis.get(fam, [])}
+    if any(k.startswith("simultaneous") for k in kinds):
+        return ("Intervals against the baseline are 95% simultaneous over their family (Dunnett) where the family "
+                "was blocked; all others are 95% per comparison (unadjusted); each CI column says which. ")
+    return "Intervals are 95% per comparison (unadjusted). "
 
 
 METHOD_NAMES = {"vs_baseline": "each dP against the baseline", "consecutive": "consecutive dP steps",
@@ -61,8 +84,11 @@ def method_lines(analysis: dict) -> list[str]:
                        f"{how['seeds']} seeds; pooled residual sd {how['sigma']:.4f} on ν = {how['df']} df "
                        f"(sphericity: Bartlett p = {fmt(eq, '.3g')} across the pairwise differences); "
                        f"{how['adjustment']}"
-                       + (" (many-to-one, multivariate t)" if how["adjustment"] == "Dunnett" else "")
-                       + f" over {how['comparisons']} comparisons.")
+                       + (" (many-to-one, multivariate t; simultaneous intervals)" if how["adjustment"] == "Dunnett"
+                          else "; intervals per comparison")
+                       + f" over {how['comparisons']} comparisons. Each label stands only where the pair's own "
+                         f"error (paired t, Holm) gives it too: {how.get('own_error_disagreements', 0)} of "
+                         f"{how['comparisons']} disagreed and are inconclusive.")
         else:
             out.append(f"{what}: paired t per comparison, Holm over {how['comparisons']} — {how.get('fallback')}.")
     return out
@@ -91,7 +117,7 @@ def comparison_table(comps: list[dict]) -> tuple[list[str], list[list[str]]]:
     head = ["comparison", "n", "Δ (B − A)", "95% CI", "p (adjusted)", "p TOST (Holm)", "MDE", "seeds to decide",
             "gain / added M params", "label"]
     rows = [[f"{c['b']} − {c['a']}", str(c["n"]), fmt(c["mean"], "+.4f"),
-             f"[{fmt(c['ci_low'], '+.4f')}, {fmt(c['ci_high'], '+.4f')}]",
+             f"[{fmt(c['ci_low'], '+.4f')}, {fmt(c['ci_high'], '+.4f')}] ({c.get('ci_kind') or 'per comparison'})",
              f"{fmt(c['p_adj'], '.3g')} ({c['adjustment']})", fmt(c["p_tost_adj"], ".3g"), fmt(c["mde"]),
              _decide(c), fmt(c.get("gain_per_m_params"), "+.4f"), c["label"]] for c in comps]
     return head, rows
@@ -128,13 +154,18 @@ def mechanism_table(mech: dict) -> tuple[list[str], list[list[str]]]:
     def f(x, fmt="{:.3g}"):
         return "—" if x is None else fmt.format(x)
 
-    rows = [[r["arm"], r["gate"], f(r["gate_activity"]), f(r["gate_ratio"], "{:.2f}×"), f(r["grad_gate"]),
-             f(r["grad_table"]), f(r["snr"]), "—" if r["closed"] is None else f"{r['closed']} of {r['runs']}"]
-            for r in mech["rows"]]
-    return (["arm", "gate", "gate activity", "|g| / init", "gate grad", "table grad", "SNR", "closed runs"], rows)
+    def runs(r, key):
+        return "—" if r[key] is None else f"{r[key]} of {r['runs']}"
+
+    rows = [[r["arm"], r["gate"], f(r["init"], "{:g}"), f(r["gate_activity"]), f(r["gate_ratio"], "{:.2f}×"),
+             f(r["grad_gate"]), f(r["grad_table"]), f(r["snr"]), runs(r, "opened"), f(r["open_step"], "{:g}"),
+             runs(r, "closed")] for r in mech["rows"]]
+    return (["arm", "gate", "init", "gate activity", "|g| / init", "gate grad", "table grad", "SNR", "opened runs",
+             "median opening step", "closed runs"], rows)
 
 
-def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> list[tuple]:
+def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path], plan: dict,
+           declared_delta: float) -> list[tuple]:
     spec = res.spec
     base_cfg = res.configs[spec.baseline]
     m, t = base_cfg["model"], base_cfg["train"]
@@ -143,12 +174,14 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> l
                      f"{reg['base_params']:,} base parameters), {t['steps']} steps × {t['batch_size']} × "
                      f"{t['seq_len']} tokens per run ({reg['tokens']:,} tokens), seeds {spec.seeds}, paired: every "
                      f"arm of a seed has the same data order and initial trunk. A run's loss is the mean of its last "
-                     f"{spec.last_k} validation evaluations; δ = {spec.delta} nats ({delta_origin(spec)}); α = "
-                     f"{spec.alpha} family-wise. Confidence intervals are 95% per comparison (unadjusted); the labels "
-                     "use family-adjusted p-values (see Design and methods), so a CI that just excludes 0 can still be "
-                     "labelled inconclusive; the equivalence test (TOST) at α corresponds to the 90% CI lying inside "
-                     "±δ. \"Equivalent\" and \"dead zone\" come only from TOST; anything else undecided is "
-                     "\"inconclusive\", with the seeds that would decide it."))
+                     f"{spec.last_k} validation evaluations; δ = {spec.delta} nats "
+                     f"({delta_origin(spec, plan, declared_delta)}); α = {spec.alpha} family-wise. {ci_note(analysis)}"
+                     "The labels use family-adjusted p-values (see Design and methods), so a per-comparison CI that "
+                     "just excludes 0 can still be labelled inconclusive; the equivalence test (TOST) at α corresponds "
+                     "to the 90% CI lying inside ±δ. A label stands only where the pooled-error and the pair's "
+                     "own-error analyses agree. \"Equivalent\" and \"dead zone\" come only from TOST; anything else "
+                     "undecided is \"inconclusive\", with the seeds that would decide it."))
+    out.append(("p", f"**Analysis plan.** {plan['text']}"))
     if spec.kind == "dp":
         out.append(("p", f"Reproduce or resume: `{sweep_command(spec, res.root)}`"))
     if res.missing:
@@ -183,11 +216,13 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path]) -> l
                 ("table", *budget_table(budget))]
     mech = gate_mechanism(res)
     if mech["rows"]:
-        out += [("h2", "The seed's mechanism: does the gate close below some dP?"),
+        out += [("h2", "The seed's mechanism: does the gate stay shut below some dP?"),
                 ("p", "Each arm's last live diagnostics (mean over layers and seeds): gate activity (Gemma: mean "
                       "|gelu(W_g h)|; the seed's learned gate: mean |g|, also as a multiple of its init), the gradient "
-                      "norms at the gate and the table slice, and the injection SNR. A learned gate is closed in a run "
-                      f"when |g| < {mech['closed_fraction']:g}× its init. Gemma's post-norm restores the branch's RMS "
+                      "norms at the gate and the table slice, and the injection SNR. A learned gate's whole trajectory "
+                      "is judged against its own noise: it opened (closed) at the first step from which |g| stays "
+                      f"above (below) its init by more than {mech['z']:g}σ√k, σ the robust sd of its step-to-step "
+                      "changes and k the readings since the start. Gemma's post-norm restores the branch's RMS "
                       "whatever its gate does, so there the SNR is the reading."),
                 ("table", *mechanism_table(mech))]
         if mech["families"]:
@@ -278,15 +313,26 @@ def to_html(blocks_: list[tuple], title: str) -> str:
     return "\n".join(parts) + "</body></html>\n"
 
 
-def write_report(root: str | Path) -> list[Path]:
-    """Collect, analyse and write ``report/{report.md, report.html, results.csv, runs.csv, results.json}``."""
+def write_report(root: str | Path, delta: float | None = None) -> list[Path]:
+    """Collect, analyse and write ``report/{report.md, report.html, results.csv, runs.csv, results.json}``.
+
+    ``delta``: another margin than the analysis plan's — a post-hoc sensitivity analysis, written to
+    ``report-posthoc-delta-{delta}/`` and labelled so (the plan's report is never overwritten by it)."""
     root = Path(root)
+    if delta is not None and not delta > 0:
+        raise ConfigError(f"--delta must be > 0 (a margin in nats), got {delta}")
     res = collect(root)
+    declared = res.spec.delta
+    out = root / "report"
+    if delta is not None and delta != declared:
+        res = dataclasses.replace(res, spec=dataclasses.replace(res.spec, delta=delta))
+        out = root / f"report-posthoc-delta-{delta:g}"
+        check_folder_target(out, "report folder", "move it away and rerun plelab report")
+    plan = run_plan_status(res)
     analysis = analyse(res)
     reg = regime(res)
-    out = root / "report"
     plots = all_plots(res, analysis, out / "plots")
-    bl = blocks(res, analysis, reg, plots)
+    bl = blocks(res, analysis, reg, plots, plan, declared)
     written = [atomic_write(out / "report.md", lambda p: p.write_text(to_markdown(bl, out))),
                atomic_write(out / "report.html", lambda p: p.write_text(to_html(bl, f"plelab dP study {root.name}")))]
     head, rows = results_table(analysis)
@@ -297,5 +343,6 @@ def write_report(root: str | Path) -> list[Path]:
         csv_text(["arm", "seed", "loss", "tokens", "wall_seconds"], runs))))
     written.append(write_json(out / "results.json", {
         "spec": res.spec.to_dict(), "regime": reg, "analysis": analysis, "accounting": res.accounting,
+        "plan_status": plan, "posthoc_delta": res.spec.delta if res.spec.delta != declared else None,
         "required_seeds_for_delta": required_seeds(analysis, res.spec.delta, res.spec.alpha)}))
     return written

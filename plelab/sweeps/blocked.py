@@ -10,14 +10,19 @@ A contrast between arms i and k has ``d̂ = ȳ_i· − ȳ_k·`` and ``se = √(2
 
 - Many-to-one against the baseline (Dunnett 1955): the k contrasts share the baseline, so under equal variances
   their t's are correlated 0.5; the family-wise p of contrast i is ``P(max_j |T_j| ≥ |t_i|)`` for
-  ``T ~ t_ν(0, R)``, ``R = ½(I + 11ᵀ)`` (the multivariate t, ``scipy.stats.multivariate_t``), and the simultaneous
-  intervals use the same critical value.
+  ``T ~ t_ν(0, R)``, ``R = ½(I + 11ᵀ)`` (the multivariate t, ``scipy.stats.multivariate_t``), and the family's
+  intervals are simultaneous: ``d̂ ± c·se`` with ``P(max_j |T_j| < c) = 1 − α`` (:func:`dunnett_critical`), labelled
+  so (``Comparison.ci_kind``).
 - Steps along a curve: Holm over the steps' pooled-error p-values (the steps share arms, so they are correlated;
   Holm needs no assumption about that).
 - TOST within ±δ on the same pooled error.
 
-The pooled error assumes sphericity: every paired difference ``y_i − y_k`` has the same variance ``2σ²``. The check
-is Bartlett's test (``scipy.stats.bartlett``) across the ``arms·(arms − 1)/2`` pairwise difference vectors. They
+The pooled error assumes sphericity: every paired difference ``y_i − y_k`` has the same variance ``2σ²``. With a
+few seeds no pretest can check that (each difference vector gives the test n − 1 df: paired sds 10× apart pass
+Bartlett at 3 seeds), so the pretest does not license a label alone: every blocked comparison is also analysed on
+its pair's own error (paired t, Holm), and **a label stands only where both analyses give it**; where they differ
+the comparison is inconclusive, says both, and the seeds that would decide are the larger of the two estimates. The
+pretest is Bartlett's test (``scipy.stats.bartlett``) across the ``arms·(arms − 1)/2`` pairwise difference vectors. They
 share arms, so the test is approximate. Under sphericity it falls back in ≈ 2% of studies, fewer than its nominal
 5%. One arm ten times noisier than the rest is caught at p ≈ 1e-14 with 6 seeds, where a Brown–Forsythe test on
 the additive model's residuals gives p ≈ 0.09, because the noisy arm leaks into every residual through the seed
@@ -118,14 +123,47 @@ def comparison(fit: BlockedFit, a: str, b: str, delta: float, alpha: float = 0.0
                                method=f"blocked: pooled error of {len(fit.arms)} arms", error_arms=len(fit.arms))
 
 
+def simultaneous(comps: list[stats.Comparison], df: float, alpha: float) -> None:
+    """Give a many-to-one family on one pooled error Dunnett's simultaneous (1 − α) intervals, in place."""
+    c = dunnett_critical(len(comps), df, alpha)
+    for comp in comps:
+        if comp.se > 0:
+            comp.ci_low, comp.ci_high = comp.mean - c * comp.se, comp.mean + c * comp.se
+        comp.ci_kind = f"simultaneous (Dunnett, {len(comps)})"
+
+
+def agree(pooled: list[stats.Comparison], own: list[stats.Comparison]) -> int:
+    """Keep a pooled-error label only where the pair's own-error analysis gives the same label; otherwise the
+    comparison becomes inconclusive, saying both. Each comparison keeps its own-error reading in ``own_error``.
+    Returns the number of disagreements."""
+    disagree = 0
+    for c, o in zip(pooled, own):
+        c.own_error = {k: getattr(o, k) for k in ("label", "mean", "sd", "ci_low", "ci_high", "p_adj", "p_tost_adj",
+                                                   "df", "mde")}
+        if c.label == o.label:
+            continue
+        disagree += 1
+        need = {k: max((v for v in ((c.seeds_to_decide or {}).get(k), (o.seeds_to_decide or {}).get(k))
+                        if v is not None), default=None) for k in ("difference", "equivalence")}
+        decide = "; ".join(f"≈{n} seeds would {what}" for what, n in (
+            (f"detect a true Δ of δ={c.delta}", need["difference"]),
+            (f"show equivalence within ±{c.delta} if the true Δ is 0", need["equivalence"])) if n)
+        c.reason = (f"the pooled error says '{c.label}' ({c.reason}); the pair's own error says '{o.label}' "
+                    f"([{o.ci_low:+.4f}, {o.ci_high:+.4f}], p_Holm {o.p_adj:.3g}, p_TOST,Holm {o.p_tost_adj:.3g}, "
+                    f"ν={o.df:g}): the analyses disagree, so no label stands" + (f" — {decide}" if decide else ""))
+        c.label, c.seeds_to_decide = stats.INCONCLUSIVE, need
+    return disagree
+
+
 def analyse_family(losses: dict[str, dict[int, float]], pairs: list[tuple[str, str]], delta: float, alpha: float,
                    steps: bool = True, many_to_one: bool = False) -> tuple[list[stats.Comparison], dict]:
     """The comparisons ``pairs`` (A, B) as one family, labelled, and how they were analysed.
 
     Blocked on the pooled error when the family's arms ran the same seeds (≥ 2), there are ≥ 3 of them and equal
     variances are not rejected; many-to-one families (``many_to_one``: every pair shares its A, the baseline) are
-    then Dunnett-adjusted, others Holm-adjusted. Otherwise each comparison is its own paired t-test, Holm-adjusted,
-    and ``how["fallback"]`` says why.
+    then Dunnett-adjusted with simultaneous intervals, others Holm-adjusted; each label then stands only where the
+    pair's own paired t (Holm) agrees (:func:`agree`). Otherwise each comparison is its own paired t-test,
+    Holm-adjusted, and ``how["fallback"]`` says why.
     """
     pairs = [(a, b) for a, b in pairs if set(losses.get(a, {})) & set(losses.get(b, {}))]
     if not pairs:
@@ -143,15 +181,26 @@ def analyse_family(losses: dict[str, dict[int, float]], pairs: list[tuple[str, s
                f"{EQUAL_VARIANCE_ALPHA}): a pooled error would misstate some comparisons")
     if why is None:
         comps = [comparison(fit_, a, b, delta, alpha, m=len(pairs)) for a, b in pairs]
-        p_adj = dunnett_p(np.array([c.mean / c.se if c.se > 0 else math.inf for c in comps]), fit_.df).tolist() \
-            if many_to_one else None
+        p_adj = None
+        if many_to_one:
+            p_adj = dunnett_p(np.array([c.mean / c.se if c.se > 0 else math.inf for c in comps]), fit_.df).tolist()
+            simultaneous(comps, fit_.df, alpha)
         stats.family(comps, steps, p_adj=p_adj, adjustment="Dunnett" if many_to_one else "Holm")
+        disagree = agree(comps, _paired_family(losses, pairs, delta, alpha, steps))
         how = {"method": "blocked", "arms": len(arms), "seeds": len(fit_.seeds), "df": fit_.df,
                "sigma": math.sqrt(fit_.sigma2), "equal_variance_p": fit_.equal_variance_p,
-               "adjustment": "Dunnett" if many_to_one else "Holm", "comparisons": len(comps)}
+               "adjustment": "Dunnett" if many_to_one else "Holm", "comparisons": len(comps),
+               "intervals": f"simultaneous (Dunnett, {len(comps)})" if many_to_one else "per comparison",
+               "own_error_disagreements": disagree}
         return comps, how
+    comps = _paired_family(losses, pairs, delta, alpha, steps)
+    return comps, {"method": "paired t per comparison", "fallback": why, "adjustment": "Holm",
+                   "comparisons": len(comps), "intervals": "per comparison"}
+
+
+def _paired_family(losses: dict[str, dict[int, float]], pairs: list[tuple[str, str]], delta: float, alpha: float,
+                   steps: bool) -> list[stats.Comparison]:
+    """Each pair on its own error (paired t over the seeds both arms ran), Holm-adjusted and labelled."""
     comps = [stats.paired(a, b, [losses[b][s] - losses[a][s] for s in sorted(set(losses[a]) & set(losses[b]))],
                           delta, alpha, m=len(pairs)) for a, b in pairs]
-    stats.family(comps, steps)
-    return comps, {"method": "paired t per comparison", "fallback": why, "adjustment": "Holm",
-                   "comparisons": len(comps)}
+    return stats.family(comps, steps)

@@ -17,7 +17,8 @@ from plelab.errors import ConfigError, PlelabError
 from plelab.model.accounting import matched_trunk
 from plelab.sweeps.records import copy_records, record_path, sweep_roots
 from plelab.sweeps.runner import emit_scripts, folder_done, jobs_of, record_finished, run_sweep
-from plelab.sweeps.spec import CONTROLS, SweepSpec, dp_arms, load_spec, merge_spec
+from plelab.sweeps.spec import (CONTROLS, DEFAULT_DELTA, DEFAULT_LAST_K, SweepSpec, dp_arms, load_spec,
+                                merge_spec)
 
 DEFAULT_PRESET = "cpu-sweep"
 # dp_spec's arguments; plelab sweep's parsed options carry the same names
@@ -29,16 +30,22 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
             gate: str | None = None, dp: Sequence[int] | None = None, seeds: int = 3,
             seed_list: Sequence[int] | None = None, controls: Sequence[str] | str = (), control_dp: int | None = None,
             variants: Mapping[str, Sequence[str]] | Sequence[tuple[str, Sequence[str]]] | None = None,
-            steps: int | None = None, data: str | None = None, delta: float = 0.02, last_k: int = 3,
-            existing: SweepSpec | None = None) -> SweepSpec:
+            steps: int | None = None, data: str | None = None, delta: float | None = None,
+            last_k: int | None = None, existing: SweepSpec | None = None) -> SweepSpec:
     """The :class:`SweepSpec` of a dP study (validated, nothing written).
 
     ``preset`` (default cpu-sweep) or ``config`` (a JSON / TOML file, or a dict, as the base every arm starts
     from; see :func:`plelab.config.resolve_run_config`), ``overrides`` (``section.key=value``) and ``data`` on
     top; ``dp``: the main curve including the baseline 0 (default 0 and the preset's dP); ``seeds`` 0..N-1 or
     ``seed_list``; ``controls`` (names, or ``"all"``) at ``control_dp``; ``variants``: name -> overrides (a
-    dict or pairs), an arm family crossed with every dP > 0. ``existing``: the spec already in the folder — its
-    control placement is kept when ``control_dp`` is not given."""
+    dict or pairs), an arm family crossed with every dP > 0. ``delta`` (the margin δ, nats) and ``last_k`` (a run's
+    loss = the mean of its last k evaluations) go into the analysis plan; left out, they are ``existing``'s, or
+    plelab's defaults for a new sweep. ``existing``: the spec already in the folder — its control placement is kept
+    when ``control_dp`` is not given."""
+    if delta is None:
+        delta = existing.delta if existing is not None else DEFAULT_DELTA
+    if last_k is None:
+        last_k = existing.last_k if existing is not None else DEFAULT_LAST_K
     if last_k < 1:
         raise ConfigError(f"--last-k must be >= 1, got {last_k}")
     preset, file_overrides = config_file_overrides(config, preset, DEFAULT_PRESET)

@@ -174,7 +174,7 @@ def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.
     fresh = list(range(max(spec.seeds) + 1, max(spec.seeds) + 1 + n)) if n else []
     command = None
     if n:
-        confirm = dataclasses.replace(spec, seeds=fresh, delta=delta, last_k=best["last_k"])
+        confirm = dataclasses.replace(spec, seeds=fresh, delta=delta, last_k=best["last_k"], plan=None)
         command = sweep_command(confirm, Path(out) if out else Path(f"{Path(pilot)}-confirm"))
     noise = noise_sources(res, comparisons, delta, eval_windows)
     return {"pilot": str(pilot), "pilot_seeds": spec.seeds, "delta": delta, "noise": noise,

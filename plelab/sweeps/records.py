@@ -8,7 +8,8 @@ sweep's report reads from it is small. A record keeps exactly that::
     {"format": "plelab-run-record", "version": 1,
      "summary": summary.json,
      "metrics": the metrics.jsonl rows as the report reads them: {step, val_loss}, {step, loss}, {step, diag},
-     "checkpoints": {step: {"diagnostics": diagnostics.json or null, "row_counts": [...] or null}}}
+     "checkpoints": {step: {"diagnostics": diagnostics.json or null, "row_counts": [...] or null}},
+     "plan": the run's plan.json (the sweep's analysis plan hash, when it was declared and the run prepared) or null}
 
 for the checkpoints the report reads (the early one and the final one). The runner writes a run's record as soon
 as the run finishes; :func:`pack` writes the missing ones of a sweep (or of every sweep under a folder) and copies
@@ -34,6 +35,7 @@ from plelab.io import atomic_write, json_safe
 
 FORMAT, VERSION = "plelab-run-record", 1
 SUFFIX = ".json.gz"
+RUN_PLAN = "plan.json"  # the analysis plan's stamp in a run folder (plelab.sweeps.analysis_plan)
 
 
 def record_path(run: Path) -> Path:
@@ -102,8 +104,12 @@ def write_record(run: Path, steps: tuple[int, ...]) -> Path:
             counts = checkpoint_row_counts(ckpt)
             ckpts[str(step)] = {"diagnostics": checkpoint_diagnostics(ckpt),
                                 "row_counts": None if counts is None else counts.tolist()}
+    try:
+        plan = json.loads((run / RUN_PLAN).read_text())
+    except (OSError, ValueError):
+        plan = None  # a run of a sweep made before plelab fixed analysis plans
     body = {"format": FORMAT, "version": VERSION, "summary": summary,
-            "metrics": _report_rows(read_jsonl(run / "metrics.jsonl")), "checkpoints": ckpts}
+            "metrics": _report_rows(read_jsonl(run / "metrics.jsonl")), "checkpoints": ckpts, "plan": plan}
     data = gzip.compress(json.dumps(json_safe(body), separators=(",", ":")).encode(), mtime=0)
     return atomic_write(record_path(run), lambda p: p.write_bytes(data))
 
@@ -154,5 +160,5 @@ def copy_records(src: Path, dest: Path) -> int:
     return count
 
 
-__all__ = ["FORMAT", "VERSION", "checkpoint_diagnostics", "checkpoint_row_counts", "copy_records", "read_jsonl",
+__all__ = ["FORMAT", "RUN_PLAN", "VERSION", "checkpoint_diagnostics", "checkpoint_row_counts", "copy_records", "read_jsonl",
            "read_record", "record_path", "recorded_steps", "sweep_roots", "write_record"]

@@ -40,6 +40,7 @@ from plelab.io import atomic_write, ensure_dir, write_json
 from plelab.precision import PrecisionChoice, study_precision
 from plelab.runs import make_trainer, prepare_data, warm_caches
 from plelab.runtime import available_cores, resolve_device
+from plelab.sweeps.analysis_plan import stamp_run
 from plelab.sweeps.eta import SweepClock, duration
 from plelab.sweeps.records import read_record, record_path, write_record
 from plelab.sweeps.spec import Arm, SweepSpec, run_dir, save_spec
@@ -169,10 +170,13 @@ def sweep_lock(root: Path):
 
 def _prepare(root: Path, spec: SweepSpec, study: str | None = None) -> list[RunJob]:
     jobs = jobs_of(root, spec, study)  # resolves (and so validates) every run's config before anything is written
-    save_spec(root, spec)
+    plan = save_spec(root, spec).plan
     for job in jobs:
+        state = run_state(job)
+        if state == "new":  # the plan's hash goes in before the run can start (a started run keeps what it had)
+            stamp_run(job.path, plan)
         cfg_file = job.path / "config.json"
-        if not cfg_file.exists() and run_state(job) != "done":  # a recorded run needs no folder
+        if not cfg_file.exists() and state != "done":  # a recorded run needs no folder
             write_json(cfg_file, job.cfg.to_dict())
     return jobs
 

@@ -21,12 +21,17 @@ optional variants crossed with every dP > 0, and the controls of the seed's open
 - ``gate-scalar`` / ``gate-vector``: the seed's learned gate (a scalar or a vector g_l, init ``GATE_INIT``,
   recorded in the arm's overrides) instead of Gemma's GELU gate, at every dP: under it the seed's "gate stays
   closed" mechanism can occur, which Gemma's post-norm (fixed branch RMS at any dP) rules out;
+- ``gate-scalar-small`` / ``gate-scalar-0``: the seed's scalar gate started near closed (init 0.01) or shut (init
+  0), at every dP — the seed's loop as it states it: does the gate open, when, and does that depend on dP
+  (:mod:`plelab.sweeps.mechanism`)?
 - ``trunk-params`` / ``trunk-flops``: no PLE, the FFN widened to spend what PLE at ``control_dp`` adds in
   parameters / in training FLOPs per token (``model.accounting.matched_trunk``): would the trunk have used them
   better?
 
 A sweep may grow (new arms or seeds are added on the next call); an existing arm's
-definition, the preset, the base overrides and the step budget may not change.
+definition, the preset, the base overrides and the step budget may not change, nor may its analysis plan — δ, α,
+the outcome (``last_k``) and the baseline, fixed and hashed when the sweep is first saved
+(:mod:`plelab.sweeps.analysis_plan`).
 """
 
 from __future__ import annotations
@@ -39,14 +44,19 @@ from pathlib import Path
 
 from plelab.errors import PlelabError
 from plelab.io import check_name, write_json
+from plelab.sweeps import analysis_plan
 
-CONTROLS = ("frozen", "zero", "iid", "matched", "table-lr", "boost", "gate-scalar", "gate-vector", "trunk-params",
-            "trunk-flops")
-CURVE_CONTROLS = ("frozen", "zero", "iid", "matched", "gate-scalar", "gate-vector")  # crossed with every dP: curves
+CONTROLS = ("frozen", "zero", "iid", "matched", "table-lr", "boost", "gate-scalar", "gate-vector", "gate-scalar-small",
+            "gate-scalar-0", "trunk-params", "trunk-flops")
+CURVE_CONTROLS = ("frozen", "zero", "iid", "matched", "gate-scalar", "gate-vector", "gate-scalar-small",
+                  "gate-scalar-0")  # crossed with every dP: curves
+# The seed's loop starts from a shut gate: the scalar gate started near closed, and at exactly 0.
+SHUT_GATES = {"gate-scalar-small": 0.01, "gate-scalar-0": 0.0}
 SPEC_FILE = "sweep.json"
 BOOST = 4.0
 TABLE_LR_FACTORS = (1 / 3, 3.0)
 GATE_INIT = 1.0  # the learned gates' initial value in the gate controls (ple.gate_init)
+DEFAULT_DELTA, DEFAULT_LAST_K = 0.02, 3
 
 
 @dataclass
@@ -77,13 +87,16 @@ class SweepSpec:
     steps: int | None = None
     kind: str = "dp"
     # Mean of the last k evaluations is the run's loss; δ is the smallest effect of interest (nats).
-    last_k: int = 3
-    delta: float = 0.02
+    last_k: int = DEFAULT_LAST_K
+    delta: float = DEFAULT_DELTA
     alpha: float = 0.05
     baseline: str = "dp0"
     # Where the point controls sit and the matched arms' fixed multiplier dimension (kept when the sweep grows).
     control_dp: int | None = None
     matched_ref: int | None = None
+    # The analysis plan (δ, α, last_k, baseline, the rules) declared when the sweep was first saved, with its hash;
+    # None until then, and in sweeps saved before plelab fixed plans.
+    plan: dict | None = None
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:
@@ -175,6 +188,11 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
                          f"gate-{gate}", d, reference=f"dp{d}",
                          description=f"the seed's learned {gate} gate (init {GATE_INIT:g}) instead of Gemma's")
                      for d in positive]
+    for name, init in SHUT_GATES.items():
+        if name in controls:
+            arms += [Arm(f"dp{d}-{name}", [f"ple.dim={d}", "ple.gate=scalar", f"ple.gate_init={init:g}"], name, d,
+                         reference=f"dp{d}", description=f"the seed's learned scalar gate started at {init:g} (near "
+                                                         "closed): does it open?") for d in positive]
     for c in trunk:
         match, width = c.removeprefix("trunk-"), trunk_widths[c.removeprefix("trunk-")]
         arms.append(Arm(f"dp{control_dp}-{c}", ["ple.dim=0", f"model.intermediate_size={width}"], c, control_dp,
@@ -207,9 +225,9 @@ def sweep_command(spec: SweepSpec, root: Path, seeds: int | None = None) -> str:
     n = seeds if seeds is not None else len(spec.seeds)
     parts += ["--seeds", str(n)] if spec.seeds == list(range(len(spec.seeds))) or seeds else \
         ["--seed-list", ",".join(map(str, spec.seeds))]
-    if spec.delta != 0.02:
+    if spec.delta != DEFAULT_DELTA:
         parts += ["--delta", f"{spec.delta:g}"]
-    if spec.last_k != 3:
+    if spec.last_k != DEFAULT_LAST_K:
         parts += ["--last-k", str(spec.last_k)]
     return " ".join(shlex.quote(p) for p in [*parts, "--out", str(root)])
 
@@ -230,12 +248,13 @@ def load_spec(root: Path) -> SweepSpec | None:
             raise PlelabError(f"invalid seeds {spec.seeds!r}: a list of integers")
     except PlelabError as err:
         raise PlelabError(f"{path} is not a valid plelab sweep ({err}); restore it or choose another --out") from None
+    analysis_plan.verify(spec, path)
     return spec
 
 
 def merge_spec(root: Path, new: SweepSpec) -> SweepSpec:
     """The spec to run in ``root``: ``new`` if the folder is empty, else the saved one grown by
-    ``new``'s extra arms and seeds (a changed definition is refused, nothing is written)."""
+    ``new``'s extra arms and seeds (a changed definition or analysis plan is refused, nothing is written)."""
     old = load_spec(root)
     if old is None:
         if (Path(root) / "runs").exists():
@@ -245,6 +264,9 @@ def merge_spec(root: Path, new: SweepSpec) -> SweepSpec:
         if getattr(old, key) != getattr(new, key):
             raise PlelabError(f"{root} holds a sweep with {key}={getattr(old, key)!r}, not {getattr(new, key)!r}; "
                               "rerun with the same settings to continue it, or choose another --out")
+    key = analysis_plan.changed(old, new)
+    if key is not None:
+        raise analysis_plan.refusal(root, old, key, getattr(new, key))
     arms = list(old.arms)
     for a in new.arms:
         try:
@@ -256,11 +278,15 @@ def merge_spec(root: Path, new: SweepSpec) -> SweepSpec:
             raise PlelabError(f"arm {a.name} in {root} was run with {mine.overrides}, now {a.overrides}; "
                               "choose another --out for a different definition")
     seeds = old.seeds + [s for s in new.seeds if s not in old.seeds]
-    return dataclasses.replace(old, arms=arms, seeds=seeds, last_k=new.last_k, delta=new.delta, alpha=new.alpha,
+    return dataclasses.replace(old, arms=arms, seeds=seeds,
                                control_dp=old.control_dp if old.control_dp is not None else new.control_dp,
                                matched_ref=old.matched_ref if old.matched_ref is not None else new.matched_ref)
 
 
-def save_spec(root: Path, spec: SweepSpec) -> None:
+def save_spec(root: Path, spec: SweepSpec) -> SweepSpec:
+    """Write ``spec`` to ``root/sweep.json``, declaring its analysis plan now if it has none; the spec saved."""
+    if spec.plan is None:
+        spec = dataclasses.replace(spec, plan=analysis_plan.declare(spec))
     Path(root).mkdir(parents=True, exist_ok=True)
     write_json(Path(root) / SPEC_FILE, spec.to_dict())
+    return spec

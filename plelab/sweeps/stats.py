@@ -15,7 +15,8 @@ multivariate t; the equivalence p-values by Holm. The minimum detectable effect 
 difference the two-sided test at α/m (m comparisons: Holm's first threshold) detects with 80% power
 (noncentral t, :mod:`plelab.sweeps.power`). An inconclusive comparison says how many seeds would decide it.
 
-The 95% CI is per comparison; the TOST at α is equivalent to the 90% CI lying inside ±δ.
+The 95% CI is per comparison unless ``ci_kind`` says it is simultaneous (Dunnett's many-to-one intervals,
+:mod:`plelab.sweeps.blocked`); the TOST at α is equivalent to the 90% per-comparison CI lying inside ±δ.
 
 Labels, with α after the family's adjustment and δ the declared smallest effect of interest:
 
@@ -74,6 +75,8 @@ class Comparison:
     m_family: int = 1  # comparisons in the family (the MDE's level is α/m)
     label: str = INCONCLUSIVE
     reason: str = ""
+    ci_kind: str = "per comparison"  # or "simultaneous (Dunnett, k)": what the 95% interval covers
+    own_error: dict | None = None  # the same pair on its own error, beside a pooled-error comparison
 
     def to_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from plelab.diagnostics.verdict import LEARNED, USED
 from plelab.io import atomic_write, write_json
-from plelab.reports.sweep import delta_origin, sensitivity_table, to_html, to_markdown
+from plelab.reports.sweep import delta_origin, run_plan_status, sensitivity_table, to_html, to_markdown
 from plelab.reports.tables import ci_cell, csv_text, fmt
 from plelab.sweeps import stats
 from plelab.sweeps.results import collect
@@ -207,6 +207,7 @@ def write_visual_report(root: str | Path) -> list[Path]:
     root = Path(root)
     res = collect(root)
     analysis = visual_analysis(res)
+    plan = run_plan_status(res)
     out = root / "report"
     plots = visual_plots(res, analysis, out / "plots")
     spec, cfg = res.spec, res.configs[res.spec.baseline]
@@ -225,8 +226,11 @@ def write_visual_report(root: str | Path) -> list[Path]:
                     f"{'Continuous patch features withheld in every arm. ' if not v['features'] else ''}Every arm "
                     "of a seed "
                     "shares data, encoder, initial LM and batch order: differences are paired, the seeds are blocks. "
-                    f"δ = {spec.delta} nats ({delta_origin(spec)}); labels family-adjusted: Dunnett against the "
-                    "baseline on the blocked design's pooled error where it holds, else Holm over paired t."),
+                    f"δ = {spec.delta} nats ({delta_origin(spec, plan, spec.delta)}); labels family-adjusted: "
+                    "Dunnett against the baseline on the blocked design's pooled error where it holds (simultaneous "
+                    "intervals), else Holm over paired t; a pooled-error label stands only where the pair's own "
+                    "error gives it too."),
+              ("p", f"**Analysis plan.** {plan['text']}"),
               ("h2", "Results"), ("table", *visual_table(analysis)),
               ("p", "NMI is computed on held-out patches against the generator's labels (colour × shape × size); "
                     "ID flips: for quantizers, a fixed probe set's flip rate between evaluations; for the others, "
