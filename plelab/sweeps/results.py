@@ -41,6 +41,7 @@ class RunResult:
     wall_seconds: float
     tokens_per_second: float
     signal: dict = field(default_factory=dict)  # last live diag row: mean snr / table_to_proj over layers
+    gate_history: list[tuple[int, float]] = field(default_factory=list)  # (step, gate activity) of every diag row
     early_signal: dict = field(default_factory=dict)
     final_diag: dict = field(default_factory=dict)  # use test at the final checkpoint
     early_diag: dict = field(default_factory=dict)
@@ -146,6 +147,7 @@ def read_run(job: RunJob, last_k: int) -> RunResult:
         train_curve=[(r["step"], r["loss"]) for r in rows if "loss" in r], tokens_seen=tokens,
         wall_seconds=wall, tokens_per_second=tps,
         signal=_signal(diag_rows[-1] if diag_rows else None), early_step=early, steps=tc.steps,
+        gate_history=[(r["step"], g) for r in diag_rows if (g := _mean_layers(r["diag"].get("gate"))) is not None],
         visual=summary.get("visual", {}))
     if job.cfg.ple.enabled:
         diag, counts = source.checkpoint(tc.steps)
