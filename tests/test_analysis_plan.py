@@ -178,3 +178,47 @@ def test_the_committed_long_study_labels_are_rechecked_on_own_errors():
     for step in (("dp8", "dp16"), ("dp16", "dp32")):
         c = by_step[step]
         assert c.own_error["label"] == stats.INCONCLUSIVE and c.label == stats.INCONCLUSIVE
+
+
+def test_a_preregistered_study_freezes_its_design_and_says_it_in_plan_md(tmp_path, monkeypatch, capsys):
+    from plelab.sweeps import preregister as prereg
+
+    monkeypatch.setattr(prereg, "git_commit", lambda: "0123abcd" * 5)
+    root = tmp_path / "confirm"
+    args = ["sweep", "--preset", "cpu-tiny", "--dp", "0,8,16", "--controls", "zero", "--seed-list", "5,6",
+            "--steps", "4", "--delta", "0.01", "--out", str(root)]
+    assert main([*args, "--preregister"]) == 0
+    assert "commit" in capsys.readouterr().out and not (root / "runs").exists()
+    spec = load_spec(root)
+    design = spec.plan["design"]
+    assert design["commit"] == "0123abcd" * 5 and len(design["corpus"]) == 64 and "runtime" in design["budget"]
+    assert design["seeds"] == [5, 6] and [a["name"] for a in design["arms"]] == [a.name for a in spec.arms]
+    doc = (root / "PLAN.md").read_text()
+    assert spec.plan["sha256"] in doc and "δ = 0.01" in doc
+    assert "does not have both arms of the seed's dead-zone step" in doc
+    assert main([*args, "--emit", "torchrun"]) == 0  # the study itself: every run stamped with the plan's hash
+    assert {json.loads(p.read_text())["sha256"] for p in root.glob("runs/*/seed-*/plan.json")} == {spec.plan["sha256"]}
+    capsys.readouterr()
+    grown = [a if a != "5,6" else "5,6,7" for a in args]
+    assert main([*grown, "--emit", "torchrun"]) == 2
+    assert "preregistered study" in capsys.readouterr().err
+    assert main([*args, "--controls", "zero,iid", "--emit", "torchrun"]) == 2
+    assert main([*args, "--preregister"]) == 2 and "new, empty folder" in capsys.readouterr().err
+    body = json.loads((root / "sweep.json").read_text())
+    body["seeds"] = [5]  # the design edited by hand
+    (root / "sweep.json").write_text(json.dumps(body))
+    with pytest.raises(PlelabError, match="another seeds than its analysis plan declared"):
+        load_spec(root)
+
+
+def test_preregistering_needs_a_clean_checkout_and_finds_the_seeds_dead_zone_step(tmp_path, monkeypatch):
+    from plelab.sweeps import preregister as prereg
+    from plelab.sweeps.commands import dp_spec
+
+    monkeypatch.setattr(prereg, "git_commit", lambda: "0123abcd" * 5 + "+dirty")
+    with pytest.raises(PlelabError, match="commit \\(or stash\\) the checkout's changes first"):
+        prereg.preregister(tmp_path / "p", tiny_spec())
+    assert not (tmp_path / "p").exists()
+    spec = dp_spec(preset="cpu-sweep-h160", dp=[0, 4, 8, 16, 32])
+    assert prereg.dead_zone_step(spec, 160) == ("dp4", "dp8")
+    assert prereg.dead_zone_step(dp_spec(preset="cpu-tiny", dp=[0, 8, 16]), 64) is None

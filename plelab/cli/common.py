@@ -48,6 +48,11 @@ def int_list(flag: str, example: str):
     return lambda text: parse_numbers(text, flag, example=example)
 
 
+def float_list(flag: str, example: str):
+    """The argparse type of a comma list of numbers such as ``--lr-mults``."""
+    return lambda text: parse_numbers(text, flag, item=float, example=example)
+
+
 def one_int(flag: str, example: str):
     """The argparse type of one integer flag that shares the dP parser (``--control-dp``)."""
     return lambda text: parse_numbers(text, flag, one=True, example=example)

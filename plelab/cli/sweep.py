@@ -6,13 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
-from plelab.cli.common import add_set, config_args, dp_list, dp_value, int_list, one_int
+from plelab.cli.common import add_set, config_args, dp_list, dp_value, float_list, int_list, one_int
 from plelab.demo import PROFILES, run_demo
 from plelab.errors import ConfigError
 from plelab.io import json_safe, write_json
 from plelab.reports import report
 from plelab.sweeps.advise import recommend
-from plelab.sweeps.commands import options_of, pack, sweep
+from plelab.sweeps.commands import lr_search, options_of, pack, preregister_sweep, sweep
+from plelab.sweeps.lr_search import CHOICE_FILE, DEFAULT_MULTS, DEFAULT_SEEDS, choice_text
 from plelab.sweeps.ladder import GPU_BF16_PEAK, Assumptions, ladder, ladder_text
 from plelab.sweeps.planning import FAMILIES, plan, plan_text
 from plelab.sweeps.scaling_runs import fit_runs, fit_text
@@ -35,12 +36,28 @@ def controls(text: str) -> list[str] | str:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     root = Path(args.out)
+    if args.preregister:
+        if args.emit:
+            raise ConfigError("--preregister writes the plan and runs nothing; drop --emit (emit after committing it)")
+        written = preregister_sweep(root, jobs=args.jobs, **options_of(args))
+        print("\n".join(f"wrote {p}" for p in written))
+        print(f"commit {root}/sweep.json and {root}/PLAN.md now (git add {root} && git commit), then rerun this "
+              "command without --preregister to run the study")
+        return 0
     script = sweep(root, jobs=args.jobs, emit=args.emit, progress=not args.no_progress, nodes=args.nodes,
                    **options_of(args))
     if script is not None:
         print(f"wrote {script}; when the runs are done: plelab report {root}")
     elif not args.no_report:
         print("\n".join(f"wrote {p}" for p in report(root)))
+    return 0
+
+
+def cmd_lr_search(args: argparse.Namespace) -> int:
+    choice = lr_search(args.out, mults=args.lr_mults, search_seeds=args.search_seeds, at_dp=args.at_dp, jobs=args.jobs,
+                       progress=not args.no_progress, **options_of(args))
+    print(choice_text(choice))
+    print(f"wrote {Path(args.out) / CHOICE_FILE}; use it with plelab sweep … --lr-from {args.out}")
     return 0
 
 
@@ -118,10 +135,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub) -> None:
-    p = sub.add_parser("sweep", help="a paired multi-seed dP study (arms × seeds), resumable, then its report")
+def study_args(p) -> None:
+    """The options that define a dP study (:func:`plelab.sweeps.commands.dp_spec`): ``plelab sweep`` and
+    ``plelab lr-search`` (which tunes the study they describe) share them."""
     config_args(p, preset="cpu-sweep", seed=False)
-    p.set_defaults(func=cmd_sweep)
     p.add_argument("--dp", type=dp_list,
                    help="comma-separated dP values including the baseline 0 (default 0 and the preset's)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per arm (default 3)")
@@ -141,6 +158,14 @@ def add_parsers(sub) -> None:
                         "sweep's analysis plan when it is created")
     p.add_argument("--last-k", type=int,
                    help="a run's loss = mean of its last k evaluations (default 3); fixed in the analysis plan")
+    p.add_argument("--lr-from", metavar="LRSEARCH",
+                   help="each arm group's learning rate from a finished plelab lr-search folder (its lr.json)")
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("sweep", help="a paired multi-seed dP study (arms × seeds), resumable, then its report")
+    p.set_defaults(func=cmd_sweep)
+    study_args(p)
     p.add_argument("--out", required=True, help="the sweep folder (rerun the same command to resume or grow it)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (each gets cores/jobs threads)")
     p.add_argument("--emit", choices=("torchrun", "slurm"),
@@ -149,6 +174,23 @@ def add_parsers(sub) -> None:
                    help="with --emit: nodes per run (torchrun's c10d rendezvous; default 1, --standalone)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--preregister", action="store_true",
+                   help="freeze this study's design and analysis in a new --out (sweep.json + PLAN.md, hashed; needs "
+                        "a clean git checkout) and run nothing; commit them, then rerun without it")
+
+    p = sub.add_parser("lr-search", help="a learning rate per arm group (baseline, main curve, each control) for the dP "
+                                         "study these options describe, on seeds kept apart from it")
+    study_args(p)
+    p.add_argument("--lr-mults", type=float_list("--lr-mults", "0.5,1,2"), default=list(DEFAULT_MULTS),
+                   help="multipliers of the study's train.lr to try, including 1 (default 0.5,1,2)")
+    p.add_argument("--search-seeds", type=int_list("--search-seeds", "1000"), default=list(DEFAULT_SEEDS),
+                   help="the search's seeds, none of the study's (default 1000)")
+    p.add_argument("--at-dp", type=one_int("--at-dp", "16"),
+                   help="the dP each group is tuned at (default the study's control dP, else its middle dP)")
+    p.add_argument("--out", required=True, help="the search folder (rerun the same command to resume)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (each gets cores/jobs threads)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_lr_search)
 
     p = sub.add_parser("report", help="write a sweep's report: HTML (self-contained) + Markdown + CSV/JSON")
     p.add_argument("sweep", help="the sweep folder")

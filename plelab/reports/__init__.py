@@ -13,9 +13,17 @@ from pathlib import Path
 from plelab.errors import PlelabError
 from plelab.io import check_folder_target
 from plelab.reports.sweep import write_report
+from plelab.sweeps.lr_search import choose, write_choice
+from plelab.sweeps.results import collect
 from plelab.sweeps.spec import load_spec
 
-_WRITERS: dict[str, Callable[[Path], list[Path]]] = {"dp": write_report}
+
+def _lr_report(root: Path) -> list[Path]:
+    """A learning-rate search's choice (``lr.json``, ``lr.md``): :mod:`plelab.sweeps.lr_search`."""
+    return write_choice(root, choose(collect(root, structure=False)))
+
+
+_WRITERS: dict[str, Callable[[Path], list[Path]]] = {"dp": write_report, "lr": _lr_report}
 
 
 def register_report(kind: str, writer: Callable[[Path], list[Path]]) -> None:

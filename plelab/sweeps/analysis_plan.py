@@ -56,10 +56,24 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def declare(spec, when: str | None = None) -> dict:
-    """The plan of ``spec`` (a :class:`~plelab.sweeps.spec.SweepSpec`) declared at ``when`` (default now)."""
+def design_of(spec) -> dict:
+    """The design a preregistered plan freezes, as the spec holds it: preset, overrides, steps, seeds, arms."""
+    return {"preset": spec.preset, "overrides": list(spec.overrides), "steps": spec.steps, "seeds": list(spec.seeds),
+            "arms": [{"name": a.name, "overrides": list(a.overrides)} for a in spec.arms]}
+
+
+def declare(spec, when: str | None = None, design: dict | None = None) -> dict:
+    """The plan of ``spec`` (a :class:`~plelab.sweeps.spec.SweepSpec`) declared at ``when`` (default now);
+    ``design``: a preregistered study's frozen design (:mod:`plelab.sweeps.preregister`), hashed with the rest."""
     body = {k: getattr(spec, k) for k in PLAN_FIELDS} | {"rules": RULES, "declared": when or now()}
+    if design is not None:
+        body["design"] = design
     return body | {"sha256": _sha(body)}
+
+
+def frozen(spec) -> bool:
+    """Whether ``spec``'s plan is a preregistration (its arms and seeds are fixed too)."""
+    return bool(spec.plan and spec.plan.get("design"))
 
 
 def verify(spec, where: Path) -> None:
@@ -71,10 +85,13 @@ def verify(spec, where: Path) -> None:
         raise PlelabError(f"{where}'s analysis plan does not match its sha256: it was edited after it was declared; "
                           "restore the file (git, or the copy it came from) or start a new study folder")
     edited = [k for k in PLAN_FIELDS if plan.get(k) != getattr(spec, k)]
+    if frozen(spec):
+        mine = design_of(spec)
+        edited += [k for k in mine if json.loads(json.dumps(mine[k])) != plan["design"].get(k)]
     if edited:
         k = edited[0]
-        raise PlelabError(f"{where} has {k}={getattr(spec, k)!r} but its analysis plan declared {k}={plan.get(k)!r} "
-                          "(the file was edited); restore it, or start a new study folder for another value")
+        raise PlelabError(f"{where} has another {k} than its analysis plan declared (the file was edited after the "
+                          "plan); restore it, or start a new study folder for another value")
 
 
 def changed(old, new) -> str | None:
@@ -91,6 +108,18 @@ def refusal(root: Path, old, key: str, new_value) -> PlelabError:
     return PlelabError(f"{root}'s analysis plan fixed {key}={getattr(old, key)!r}{when}, before its runs; {option} "
                        f"{new_value!r} cannot change it now — rerun without {option} to continue, or start a new "
                        f"study folder (another --out) for {key}={new_value!r}{way}")
+
+
+def refuse_growth(root: Path, old, new) -> None:
+    """A preregistered study's arms and seeds are its plan's: a rerun may not add any."""
+    if not frozen(old):
+        return
+    arms = [a.name for a in new.arms if a.name not in {b.name for b in old.arms}]
+    seeds = [s for s in new.seeds if s not in old.seeds]
+    if arms or seeds:
+        what = f"arm {arms[0]}" if arms else f"seed {seeds[0]}"
+        raise PlelabError(f"{root} is a preregistered study (plan {old.plan['sha256'][:12]}…): its arms and seeds are "
+                          f"fixed, so {what} cannot be added; a deviation is a new study — another --out")
 
 
 def stamp_run(run: Path, plan: dict) -> None:
@@ -144,5 +173,5 @@ def plan_status(spec, runs: list[Path]) -> dict:
     return out
 
 
-__all__ = ["PLAN_FIELDS", "RULES", "RUN_PLAN", "changed", "declare", "plan_status", "refusal", "run_plan",
-           "stamp_run", "verify"]
+__all__ = ["PLAN_FIELDS", "RULES", "RUN_PLAN", "changed", "declare", "design_of", "frozen", "plan_status",
+           "refusal", "refuse_growth", "run_plan", "stamp_run", "verify"]

@@ -15,7 +15,11 @@ from plelab.config import config_file_overrides, resolve_config
 from plelab.config.resolve import ConfigSource
 from plelab.errors import ConfigError, PlelabError
 from plelab.model.accounting import matched_trunk
+from plelab.sweeps.lr_search import (DEFAULT_MULTS, DEFAULT_SEEDS, chosen_lrs, choose, lr_spec, read_choice, with_lrs,
+                                     write_choice)
+from plelab.sweeps.preregister import preregister
 from plelab.sweeps.records import copy_records, record_path, sweep_roots
+from plelab.sweeps.results import collect
 from plelab.sweeps.runner import emit_scripts, folder_done, jobs_of, record_finished, run_sweep
 from plelab.sweeps.spec import (CONTROLS, DEFAULT_DELTA, DEFAULT_LAST_K, SweepSpec, dp_arms, load_spec,
                                 merge_spec)
@@ -23,7 +27,7 @@ from plelab.sweeps.spec import (CONTROLS, DEFAULT_DELTA, DEFAULT_LAST_K, SweepSp
 DEFAULT_PRESET = "cpu-sweep"
 # dp_spec's arguments; plelab sweep's parsed options carry the same names
 SPEC_OPTIONS = ("preset", "config", "overrides", "gate", "dp", "seeds", "seed_list", "controls", "control_dp",
-                "variants", "steps", "data", "delta", "last_k")
+                "variants", "steps", "data", "delta", "last_k", "lr_from")
 
 
 def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides: Sequence[str] = (),
@@ -31,7 +35,8 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
             seed_list: Sequence[int] | None = None, controls: Sequence[str] | str = (), control_dp: int | None = None,
             variants: Mapping[str, Sequence[str]] | Sequence[tuple[str, Sequence[str]]] | None = None,
             steps: int | None = None, data: str | None = None, delta: float | None = None,
-            last_k: int | None = None, existing: SweepSpec | None = None) -> SweepSpec:
+            last_k: int | None = None, lr_from: str | Path | None = None, lrs: Mapping[str, float] | None = None,
+            existing: SweepSpec | None = None) -> SweepSpec:
     """The :class:`SweepSpec` of a dP study (validated, nothing written).
 
     ``preset`` (default cpu-sweep) or ``config`` (a JSON / TOML file, or a dict, as the base every arm starts
@@ -40,8 +45,11 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
     ``seed_list``; ``controls`` (names, or ``"all"``) at ``control_dp``; ``variants``: name -> overrides (a
     dict or pairs), an arm family crossed with every dP > 0. ``delta`` (the margin δ, nats) and ``last_k`` (a run's
     loss = the mean of its last k evaluations) go into the analysis plan; left out, they are ``existing``'s, or
-    plelab's defaults for a new sweep. ``existing``: the spec already in the folder — its control placement is kept
-    when ``control_dp`` is not given."""
+    plelab's defaults for a new sweep. ``lrs`` (group -> learning rate: ``baseline``, ``dP`` and each control family)
+    or ``lr_from`` (a finished ``plelab lr-search`` folder) set each arm's ``train.lr`` (:mod:`plelab.sweeps.lr_search`).
+    ``existing``: the spec already in the folder — its control placement is kept when ``control_dp`` is not given."""
+    if lrs is not None and lr_from is not None:
+        raise ConfigError("give lrs or --lr-from, not both")
     if delta is None:
         delta = existing.delta if existing is not None else DEFAULT_DELTA
     if last_k is None:
@@ -85,6 +93,12 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
                    matched_ref=matched_ref, trunk_widths=widths)
     if delta <= 0:
         raise ConfigError(f"--delta must be > 0 (the smallest effect of interest in nats), got {delta}")
+    if lr_from is not None:
+        lrs = read_choice(lr_from)
+    elif lrs is None and existing is not None:
+        lrs = chosen_lrs(existing)  # a sweep made with --lr-from keeps its rates when resumed without it
+    if lrs is not None:
+        arms = with_lrs(arms, "dp0", dict(lrs))
     return SweepSpec(preset=preset, overrides=overrides, arms=arms, seeds=seed_values, steps=steps, last_k=last_k,
                      delta=delta, control_dp=control_dp, matched_ref=matched_ref)
 
@@ -117,6 +131,33 @@ def sweep(out: str | Path, *, jobs: int = 1, emit: str | None = None, progress: 
         return emit_scripts(root, spec, emit, nodes)
     run_sweep(root, spec, jobs=jobs, progress=progress)
     return None
+
+
+def preregister_sweep(out: str | Path, *, jobs: int = 1, log=print, **options) -> list[Path]:
+    """Preregister the dP study ``options`` describe (:func:`dp_spec`'s arguments) in the new folder ``out``:
+    ``sweep.json`` with its design and analysis frozen, and ``PLAN.md``; nothing runs
+    (:mod:`plelab.sweeps.preregister`). Commit both, then :func:`sweep` with the same options runs it."""
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    root = Path(out)
+    return preregister(root, merge_spec(root, dp_spec(**options, existing=load_spec(root))), jobs=jobs, log=log)
+
+
+def lr_search(out: str | Path, *, mults: Sequence[float] = DEFAULT_MULTS, search_seeds: Sequence[int] = DEFAULT_SEEDS,
+              at_dp: int | None = None, jobs: int = 1, progress: bool = True, **options) -> dict:
+    """Run (or resume) the per-arm learning-rate search in ``out`` for the dP study ``options`` describe
+    (:func:`dp_spec`'s arguments), on ``search_seeds`` kept apart from the study's; write and return the choice
+    (:func:`plelab.sweeps.lr_search.choose`)."""
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    if options.get("lr_from") is not None:
+        raise ConfigError("--lr-from belongs to the study the search feeds, not to the search")
+    root = Path(out)
+    spec = merge_spec(root, lr_spec(dp_spec(**options), mults, search_seeds, at_dp))
+    run_sweep(root, spec, jobs=jobs, progress=progress)
+    choice = choose(collect(root, structure=False))
+    write_choice(root, choice)
+    return choice
 
 
 def pack(src: str | Path, dest: str | Path) -> dict:

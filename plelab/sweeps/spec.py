@@ -267,6 +267,7 @@ def merge_spec(root: Path, new: SweepSpec) -> SweepSpec:
     key = analysis_plan.changed(old, new)
     if key is not None:
         raise analysis_plan.refusal(root, old, key, getattr(new, key))
+    analysis_plan.refuse_growth(root, old, new)
     arms = list(old.arms)
     for a in new.arms:
         try:
