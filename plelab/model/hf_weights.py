@@ -19,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from plelab.errors import PlelabError
+from plelab.model.loading import check_tensors
 
 # (source prefix, target prefix), tried in order; the first that applies to a key renames it.
 PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
@@ -67,21 +68,23 @@ def read_safetensors(path: str | Path, keys: set[str] | None = None) -> dict[str
 @torch.no_grad()
 def load_hf_weights(model: nn.Module, source: Mapping[str, torch.Tensor] | str | Path) -> LoadReport:
     """Copy the tensors of ``source`` (a state dict, a safetensors file or an HF folder) into ``model`` by name, under
-    either naming scheme (see the module doc); dtypes are converted to the target's. Refuses, in one line, a shape
-    mismatch and a source none of whose names match."""
+    either naming scheme (see the module doc); float dtypes are converted to the target's. Refuses, in one line, a
+    shape or dtype-kind mismatch (:func:`~plelab.model.loading.check_tensors`) and a source none of whose names
+    match."""
     tensors = read_safetensors(source) if isinstance(source, (str, Path)) else dict(source)
     own = model.state_dict(keep_vars=True)
+    # a float weight stored as integers (a relabelled header) is refused; bf16 into float32 is converted
+    check_tensors(str(source) if isinstance(source, (str, Path)) else "the weights given",
+                  {hf_target_name(k): v for k, v in tensors.items()}, own,
+                  "the checkpoint is for another configuration (or was altered)", exact_dtype=False, complete=False,
+                  extra=True)
     report = LoadReport()
     for key, value in tensors.items():
         name = hf_target_name(key)
         if name not in own:
             report.unused.append(key)
             continue
-        target = own[name]
-        if tuple(target.shape) != tuple(value.shape):
-            raise PlelabError(f"{key} has shape {list(value.shape)}, the model's {name} {list(target.shape)}: the "
-                              "checkpoint is for another configuration")
-        target.copy_(value.to(target.dtype))
+        own[name].copy_(value.to(own[name].dtype))
         report.loaded.append(name)
     if not report.loaded:
         raise PlelabError(f"none of the {len(tensors)} source tensors match the model's names (e.g. "

@@ -38,6 +38,7 @@ from plelab.distributed import DistInfo, all_ranks_ok, barrier
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import write_json
+from plelab.model.loading import check_tensors
 from plelab.training import sharded_checkpoint as sharded
 
 FORMAT = "plelab-checkpoint-v1"
@@ -223,43 +224,60 @@ def read_state(ckpt: Path, for_resume: bool = True) -> dict:
     return state
 
 
+# The fix a checkpoint that does not fit (altered, another config) is refused with.
+REFUSED_FIX = ("resume with the run's own config, or delete that checkpoint folder to resume from the one before "
+               "(nothing was changed)")
+
+
 def load_model_weights(model: torch.nn.Module, ckpt: Path) -> None:
-    """Load ``model.safetensors`` into ``model`` (plain, DDP-wrapped or FSDP2-sharded), checking names and shapes;
-    a sharded checkpoint is read by the ranks in parallel, resharded to this run's world size."""
+    """Load ``model.safetensors`` into ``model`` (plain, DDP-wrapped or FSDP2-sharded), after checking every
+    tensor's name, dtype and shape against the model (:func:`~plelab.model.loading.check_tensors`); a sharded
+    checkpoint is read by the ranks in parallel, resharded to this run's world size."""
     if sharded.is_sharded(ckpt):
-        sharded.load_sharded_weights(model, ckpt)
+        sharded.load_sharded_weights(model, ckpt, REFUSED_FIX)
         return
     tensors = _load_tensors(Path(ckpt) / "model.safetensors")
-    expected = dict(model.state_dict(keep_vars=True))  # parameters and persistent buffers (a remap's id -> row map)
-    missing = sorted(set(expected) - set(tensors))
-    extra = sorted(set(tensors) - set(expected))
-    if missing or extra:
-        what = f"missing {missing[0]}" if missing else f"unexpected {extra[0]}"
-        raise PlelabError(f"checkpoint {ckpt} does not fit this model ({what}); it was trained with another config")
-    for name, t in tensors.items():
-        if tuple(t.shape) != tuple(expected[name].shape):
-            raise PlelabError(f"checkpoint {ckpt} does not fit this model: {name} has shape {tuple(t.shape)}, "
-                              f"the model expects {tuple(expected[name].shape)} (another config)")
+    # parameters and persistent buffers (a remap's id -> row map)
+    check_tensors(f"checkpoint {ckpt}", tensors, model.state_dict(keep_vars=True), REFUSED_FIX)
     set_model_state_dict(model, tensors, options=_FULL_ALL_RANKS)
 
 
-def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path) -> dict:
-    """Restore AdamW moments and step counts, and the RNG states. Returns the other (extra) tensors."""
+def _param_names(groups: list[dict]) -> list[str]:
+    return [n for group in groups for n in group["params"]]
+
+
+def optimizer_expected(model: torch.nn.Module, names: list[str], extra: dict | None = None) -> dict:
+    """What an optimizer file must hold, by name: AdamW's moments of each parameter in ``names`` (its dtype and
+    shape), its step count (a scalar of AdamW's scalar dtype), the CPU RNG state, and ``extra`` (the row counts
+    and the task's tensors, as the run holds them now)."""
+    params = dict(model.named_parameters())
+    step = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32  # as torch.optim's
+    out = {f"{n}.{k}": params[n] for n in names for k in ("exp_avg", "exp_avg_sq")}
+    out.update({f"{n}.step": (step, ()) for n in names})
+    out["rng.torch_cpu"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["rng.cuda"] = torch.cuda.get_rng_state()
+    return {**out, **(extra or {})}
+
+
+def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path,
+                         extra: dict | None = None) -> dict:
+    """Restore AdamW moments and step counts, and the RNG states, after checking each tensor's dtype and shape
+    (:func:`optimizer_expected`; ``extra``: the other tensors the run expects, as it holds them now). Returns the
+    other (extra) tensors."""
     if sharded.is_sharded(ckpt):
-        return sharded.load_sharded_optimizer(model, opt, ckpt)
-    tensors = _load_tensors(Path(ckpt) / "optimizer.safetensors")
+        names = _param_names(get_optimizer_state_dict(model, opt)["param_groups"])
+        return sharded.load_sharded_optimizer(model, opt, ckpt, optimizer_expected(model, names, extra), REFUSED_FIX)
     osd = get_optimizer_state_dict(model, opt, options=_FULL_ALL_RANKS)
-    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    names = [n for group in osd["param_groups"] for n in group["params"]]
+    names = _param_names(osd["param_groups"])
+    tensors = _load_tensors(Path(ckpt) / "optimizer.safetensors")
+    check_tensors(f"checkpoint {ckpt}", tensors, optimizer_expected(model, names, extra), REFUSED_FIX,
+                  complete=False, extra=True)
     state = {}
     for name in names:
         entry = {k: tensors[f"{name}.{k}"] for k in ("step", "exp_avg", "exp_avg_sq") if f"{name}.{k}" in tensors}
         if entry and len(entry) != 3:
             raise PlelabError(f"optimizer state for {name} in {ckpt} is incomplete; the checkpoint is damaged")
-        for k in ("exp_avg", "exp_avg_sq"):
-            if entry and tuple(entry[k].shape) != shapes[name]:
-                raise PlelabError(f"optimizer state {name}.{k} in {ckpt} has shape {tuple(entry[k].shape)}, "
-                                  f"the model expects {shapes[name]}; the checkpoint does not fit this config")
         if entry:
             state[name] = entry
     set_optimizer_state_dict(model, opt, {"state": state, "param_groups": osd["param_groups"]},

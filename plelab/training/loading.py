@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from plelab.config.schema import RunConfig
 from plelab.errors import PlelabError
 from plelab.model.init import materialise
-from plelab.model.loading import mmap_tensor
+from plelab.model.loading import check_tensors, header_specs, mmap_tensor
 from plelab.model.ple import TABLE_KEY
 from plelab.model.transformer import PLECausalLM
 from plelab.training.checkpoint import list_checkpoints, model_file, read_state
@@ -69,29 +69,19 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu",
     mapped = mmap_table and cfg.ple.enabled
     materialise(model, device, None if mapped else device)
     table = tm.embed_tokens_per_layer if mapped else None
+    # every tensor's name, dtype and shape from the header, before anything is read (a relabelled dtype would load)
+    check_tensors(str(file), header_specs(file), model.state_dict(keep_vars=True),
+                  "the file was altered or belongs to another run: use the run's own checkpoint")
     try:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            saved = set(f.keys())
-            params = [(n, p) for n, p in model.state_dict(keep_vars=True).items() if not (mapped and n == TABLE_KEY)]
-            missing = [n for n, _ in params if n not in saved]
-            if missing:
-                raise PlelabError(f"{file} lacks {missing[0]}; it does not fit the run's config")
-            with torch.no_grad():
-                for name, p in params:
-                    t = f.get_tensor(name)
-                    if tuple(t.shape) != tuple(p.shape):
-                        raise PlelabError(f"{file}: {name} has shape {tuple(t.shape)}, the config expects "
-                                          f"{tuple(p.shape)}")
-                    p.copy_(t)
+        with safe_open(str(file), framework="pt", device="cpu") as f, torch.no_grad():
+            for name, p in model.state_dict(keep_vars=True).items():
+                if not (mapped and name == TABLE_KEY):
+                    p.copy_(f.get_tensor(name))
     except (SafetensorError, OSError) as err:
         why = (str(err).splitlines() or [repr(err)])[0]
         raise PlelabError(f"{file} is not a readable safetensors file ({why})") from None
     if table is not None:
-        weight = mmap_tensor(file, TABLE_KEY)
-        expected = (tm.ple_vocab_size, cfg.model.num_hidden_layers * cfg.ple.dim)
-        if tuple(weight.shape) != expected:
-            raise PlelabError(f"{file}: {TABLE_KEY} has shape {tuple(weight.shape)}, the config expects {expected}")
-        table.weight = torch.nn.Parameter(weight, requires_grad=False)
+        table.weight = torch.nn.Parameter(mmap_tensor(file, TABLE_KEY), requires_grad=False)
     for p in model.parameters():
         p.requires_grad_(False)
     return model.eval(), cfg

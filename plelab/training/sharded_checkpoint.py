@@ -41,6 +41,7 @@ from plelab.distributed import DistInfo, all_ranks_ok
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import write_json
+from plelab.model.loading import check_tensors
 
 SHARDED = "sharded"
 _MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -122,40 +123,33 @@ def _dcp_load(state: dict, folder: Path) -> None:
         dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)))
 
 
-def _saved_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+def _saved_specs(folder: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """``{name: (dtype, full shape)}`` of a sharded folder, from the safetensors storage's metadata alone."""
     meta = HuggingFaceStorageReader(str(folder)).read_metadata()
-    return {k: tuple(v.size) for k, v in meta.state_dict_metadata.items()}
+    return {k: (v.properties.dtype, tuple(v.size)) for k, v in meta.state_dict_metadata.items()}
 
 
-def _check_fits(ckpt: Path, saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]]) -> None:
-    missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
-    if missing or extra:
-        what = f"missing {missing[0]}" if missing else f"unexpected {extra[0]}"
-        raise PlelabError(f"checkpoint {ckpt} does not fit this model ({what}); it was trained with another config")
-    for name, shape in expected.items():
-        if saved[name] != shape:
-            raise PlelabError(f"checkpoint {ckpt} does not fit this model: {name} has shape {saved[name]}, "
-                              f"the model expects {shape} (another config)")
-
-
-def load_sharded_weights(model: torch.nn.Module, ckpt: Path) -> None:
+def load_sharded_weights(model: torch.nn.Module, ckpt: Path, fix: str) -> None:
     """Load a sharded checkpoint's weights into ``model`` (FSDP2 at any world size, DDP or one process): each rank
-    reads only the saved rows its own shard needs."""
+    reads only the saved rows its own shard needs, once every tensor's name, dtype and shape were checked."""
     sd = get_model_state_dict(model)
-    _check_fits(ckpt, _saved_shapes(ckpt / SHARDED / "model"), {k: tuple(v.shape) for k, v in sd.items()})
+    check_tensors(f"checkpoint {ckpt}", _saved_specs(ckpt / SHARDED / "model"), sd, fix)
     _dcp_load(sd, ckpt / SHARDED / "model")
     set_model_state_dict(model, sd)
 
 
-def load_sharded_optimizer(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path) -> dict:
-    """Restore the AdamW moments (resharded), step counts and the RNG state; returns the other extra tensors."""
+def load_sharded_optimizer(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path, expected: dict,
+                           fix: str) -> dict:
+    """Restore the AdamW moments (resharded), step counts and the RNG state, each tensor checked against
+    ``expected`` (:func:`plelab.training.checkpoint.optimizer_expected`); returns the other extra tensors."""
     extra = load_file(str(ckpt / "extra.safetensors"))
     params = dict(model.named_parameters())
     groups = get_optimizer_state_dict(model, opt)["param_groups"]
-    names = [n for group in groups for n in group["params"]]
-    saved = _saved_shapes(ckpt / SHARDED / "optim")
-    held = [n for n in names if f"{n}.exp_avg" in saved]
-    _check_fits(ckpt, saved, {f"{n}.{k}": tuple(params[n].shape) for n in held for k in _MOMENTS})
+    saved = _saved_specs(ckpt / SHARDED / "optim")
+    held = [n for group in groups for n in group["params"] if f"{n}.exp_avg" in saved]
+    moments = {f"{n}.{k}": expected[f"{n}.{k}"] for n in held for k in _MOMENTS}
+    check_tensors(f"checkpoint {ckpt}", saved, moments, fix)
+    check_tensors(f"checkpoint {ckpt}", extra, expected, fix, complete=False, extra=True)
     target = {f"{n}.{k}": torch.zeros_like(params[n]) for n in held for k in _MOMENTS}
     _dcp_load(target, ckpt / SHARDED / "optim")
     missing = [n for n in held if f"{n}.step" not in extra]

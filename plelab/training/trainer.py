@@ -136,7 +136,10 @@ class Trainer:
             ckpt.check_resumable(run, state, self.cfg, keys_tagged("resume"), self.data_fingerprint)
             # tensors first: a checkpoint that does not load leaves config.json as it was
             ckpt.load_model_weights(self.model, latest)
-            saved = ckpt.load_optimizer_state(self.model, self.opt, latest)
+            # what its other tensors must be: the row counts whole, the task's by dtype (their shapes may grow)
+            extra = {k: (v.dtype, None) for k, v in self.task.checkpoint_tensors().items()}
+            extra.update({key: self.rows[name].counts for name, (_, key) in self.task.row_tables.items()})
+            saved = ckpt.load_optimizer_state(self.model, self.opt, latest, extra)
             for name, (_, key) in self.task.row_tables.items():
                 # this rank continues counting from the global total on rank 0 only, so the sum stays exact
                 if key in saved and self.dist.is_main:
