@@ -4,6 +4,10 @@ loader in the package that can run code (pickle, eval). The malformed-input suit
 
 from __future__ import annotations
 
+import ast
+import json
+import os
+import pickle
 import random
 import re
 from pathlib import Path
@@ -55,3 +59,92 @@ def test_source_loads_weights_only_from_safetensors_and_configs_only_as_json():
             problems += [f"{path.name}: np.load without allow_pickle=False" for call in re.findall(
                 r"np\.load\([^)]*\)", text) if "allow_pickle=False" not in call]
     assert not problems, problems
+
+
+def test_every_from_pretrained_goes_through_the_safetensors_wrapper():
+    """transformers' from_pretrained falls back to pytorch_model.bin (a pickle) without use_safetensors=True: the only
+    call in the package is plelab.integrations.pretrained's, which forces it (read from the syntax tree, so a
+    docstring that names the method does not count, and a getattr with its name does)."""
+    package = Path(__file__).resolve().parents[1] / "plelab"
+    wrapper = package / "integrations" / "pretrained.py"
+    calls = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            named = (isinstance(node, ast.Attribute) and node.attr == "from_pretrained"
+                     or isinstance(node, ast.Constant) and node.value == "from_pretrained")
+            if named:
+                calls.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert calls and all(c.startswith("integrations/pretrained.py:") for c in calls), calls
+    text = wrapper.read_text()
+    assert '"use_safetensors": True' in text and '"trust_remote_code": False' in text
+
+
+def _pickle_only_folder(tmp_path: Path, marker: Path) -> Path:
+    """A tiny random HF model (PLE attached) saved with pytorch_model.bin instead of model.safetensors, as older
+    transformers wrote it; the file is a pickle that would create ``marker`` if it were ever unpickled."""
+    from hf_models import tiny_host
+
+    import plelab
+
+    folder = tmp_path / "pickled"
+    plelab.attach(tiny_host(), dim=8).save_pretrained(folder, safe_serialization=False)  # transformers 5: safetensors
+    for f in folder.glob("model*.safetensors"):
+        f.unlink()
+    with open(folder / "pytorch_model.bin", "wb") as f:
+        pickle.dump(_Payload(marker), f)
+    return folder
+
+
+class _Payload:
+    """Unpickling this runs a shell command that creates ``marker`` (it must never happen)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_pickle_only_hf_folder_is_refused_in_one_line_never_loaded(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    import torch
+
+    import plelab
+    from plelab.integrations.pretrained import from_pretrained
+
+    marker = tmp_path / "PWNED"
+    folder = _pickle_only_folder(tmp_path, marker)
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load was called"))
+    for load in (lambda: from_pretrained("AutoModelForCausalLM", folder, "a causal LM"),
+                 lambda: plelab.load_attached(folder)):
+        with pytest.raises(PlelabError) as exc:
+            load()
+        assert "\n" not in str(exc.value), exc.value
+        assert f"{folder} holds no model.safetensors weights (found pytorch_model.bin, a pickle-based" in str(exc.value)
+    assert not marker.exists()
+
+
+def test_from_pretrained_refuses_cut_incomplete_and_relabelled_weights_in_one_line(tmp_path):
+    pytest.importorskip("transformers")
+    from hf_models import tiny_host
+    from safetensors_edit import relabel
+
+    from plelab.integrations.pretrained import from_pretrained
+
+    folder = tmp_path / "host"
+    tiny_host().save_pretrained(folder)
+    whole = (folder / "model.safetensors").read_bytes()
+    assert from_pretrained("AutoModelForCausalLM", folder, "a causal LM") is not None
+    cases = [(lambda f: f.write_bytes(whole[: len(whole) * 6 // 10]), {}, "transformers cannot load"),
+             (lambda f: f.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      "), {},
+              "lacks 21 of the tensors of a causal LM"),
+             (lambda f: relabel(f, "model.embed_tokens.weight"), {},
+              "model.embed_tokens.weight is stored as int32, the model expects float32"),
+             (lambda f: None, {"use_safetensors": False}, "is refused"),
+             (lambda f: None, {"trust_remote_code": True}, "is refused")]
+    for damage, kwargs, needle in cases:
+        (folder / "model.safetensors").write_bytes(whole)
+        damage(folder / "model.safetensors")
+        with pytest.raises(PlelabError, match=needle) as exc:
+            from_pretrained("AutoModelForCausalLM", folder, "a causal LM", **kwargs)
+        assert "\n" not in str(exc.value), exc.value

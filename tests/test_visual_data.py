@@ -267,5 +267,5 @@ def test_hf_siglip_vision_tower_from_a_local_folder(scenes, tmp_path):
     with pytest.raises(PlelabError, match="does not exist"):
         HFSiglipEncoder(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(PlelabError, match="not a SigLIP vision checkpoint"):
+    with pytest.raises(PlelabError, match="holds no model.safetensors weights, so it cannot be loaded as a SigLIP"):
         HFSiglipEncoder(tmp_path / "empty")

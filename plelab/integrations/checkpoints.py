@@ -30,7 +30,7 @@ from plelab.diagnostics.tables import TABLE_SUFFIX, TableSource, find_table
 from plelab.diagnostics.verdict import calibrated_windows
 from plelab.errors import PlelabError
 from plelab.integrations.hf import load_attached
-from plelab.integrations.hf_model import quiet_transformers
+from plelab.integrations.pretrained import from_pretrained
 from plelab.model.ple import token_table_ids
 
 DEFAULT_SEQ_LEN = 128
@@ -49,18 +49,11 @@ def load_model(source: TableSource) -> tuple[torch.nn.Module, torch.nn.Parameter
     folder = source.file.parent
     config = _config(folder)
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    with quiet_transformers() as transformers:
-        try:
-            if "plelab_ple" in config or "plelab_ple" in text:
-                model = load_attached(folder, dtype=torch.float32)
-            else:
-                model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-        except PlelabError:
-            raise
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
-            why = (str(err).splitlines() or [type(err).__name__])[0][:200]
-            raise PlelabError(f"transformers cannot load {folder} as a causal LM ({why}); the use test needs a model "
-                              "folder transformers reads") from None
+    if "plelab_ple" in config or "plelab_ple" in text:
+        model = load_attached(folder, dtype=torch.float32)
+    else:
+        model = from_pretrained("AutoModelForCausalLM", folder, "a causal LM (the use test needs a model folder "
+                                "transformers reads)", dtype=torch.float32)
     tables = [(n, p) for n, p in model.named_parameters() if n.endswith(TABLE_SUFFIX)]
     expected = (source.rows, source.num_layers * source.dim)
     if len(tables) != 1 or tuple(tables[0][1].shape) != expected:

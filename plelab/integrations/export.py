@@ -25,7 +25,8 @@ from safetensors.torch import save_file
 from plelab.config.schema import RunConfig
 from plelab.data.tokenizer import EOS
 from plelab.errors import PlelabError
-from plelab.integrations.hf_model import MODEL_TYPE, classes, quiet_transformers, register, require_transformers
+from plelab.integrations.hf_model import MODEL_TYPE, classes, register, require_transformers
+from plelab.integrations.pretrained import from_pretrained
 from plelab.io import check_folder_target, ensure_dir
 from plelab.training.checkpoint import read_state
 from plelab.training.loading import checkpoint_of, load_for_eval, run_tokenizer_file
@@ -76,8 +77,8 @@ def _tokenizer_files(tokenizer: Path, folder: Path, seq_len: int) -> None:
 
 
 def _check_logits(model: torch.nn.Module, folder: Path, vocab: int, seq_len: int) -> float:
-    with quiet_transformers() as transformers:
-        loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    loaded = from_pretrained("AutoModelForCausalLM", folder, "the folder export just wrote",
+                             dtype=torch.float32).eval()
     ids = torch.randint(0, vocab, (2, min(seq_len, 32)), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         theirs = loaded(input_ids=ids, use_cache=False).logits.float()

@@ -34,7 +34,7 @@ from torch import nn
 from plelab.config.schema import GATE_KINDS
 from plelab.diagnostics.monitor import ATTACH_CONFIG_KEY as PLE_CONFIG_KEY
 from plelab.errors import PlelabError
-from plelab.integrations.hf_model import quiet_transformers
+from plelab.integrations.pretrained import from_pretrained
 from plelab.model.hf_weights import load_hf_weights, read_safetensors
 from plelab.model.ple import PerLayerEmbedding, PerLayerInjection, PLEModules, keep_unregistered, token_table_ids
 
@@ -213,21 +213,22 @@ def _zero_last_factor(injection: PerLayerInjection) -> None:
 
 def load_attached(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     """Load a folder written by ``save_pretrained`` from a model with PLE attached: the host through
-    ``AutoModelForCausalLM.from_pretrained``, then :func:`attach` with the saved arguments, then the PLE tensors
-    from the folder's safetensors (every one of them must be there)."""
-    import transformers  # optional dependency (the hf extra): as attach
-
+    ``AutoModelForCausalLM.from_pretrained`` (safetensors only, every tensor checked:
+    :func:`~plelab.integrations.pretrained.from_pretrained`), then :func:`attach` with the saved arguments, then the
+    PLE tensors from the folder's safetensors (every one of them must be there, dtype and shape checked)."""
     path = Path(path)
     config_file = path / "config.json"
     try:
-        saved = json.loads(config_file.read_text()).get(PLE_CONFIG_KEY)
+        config = json.loads(config_file.read_text())
     except (OSError, ValueError) as err:
         raise PlelabError(f"{config_file}: cannot read an HF config ({err}); give the folder save_pretrained wrote")
-    if not saved:
+    saved = config.get(PLE_CONFIG_KEY) if isinstance(config, dict) else None
+    if not saved or not isinstance(saved, dict):
         raise PlelabError(f"{path}: its config.json has no {PLE_CONFIG_KEY!r} entry — it was not saved from a model "
                           "with plelab.attach; load it with transformers directly")
-    with quiet_transformers():  # the PLE tensors are "unexpected" to the host class: loaded below
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
+    # the PLE tensors are "unexpected" to the host class (quiet: from_pretrained's logging is off): loaded below
+    model = from_pretrained("AutoModelForCausalLM", path, "the host model of a folder saved after plelab.attach",
+                            **from_pretrained_kwargs)
     attach(model, saved["dim"], gate=saved["gate"], vocab_size=saved["vocab_size"], init=saved.get("init", "gemma"),
            sparse_table=saved.get("sparse_table", False), seed=saved.get("seed", 0), allow_untested_transformers=True)
     own = {id(p) for p in PLEModules(model).parameters()}

@@ -13,6 +13,7 @@ from pathlib import Path
 from plelab.config import config_file_overrides, resolve_config
 from plelab.config.resolve import ConfigSource
 from plelab.errors import ConfigError, PlelabError
+from plelab.integrations.pretrained import check_safetensors_folder
 from plelab.io import check_folder_target, ensure_dir
 from plelab.sweeps.runner import run_sweep
 from plelab.sweeps.spec import merge_spec
@@ -46,18 +47,6 @@ def id_table(k: int, train, held_out, seed: int = 0, out: Path | None = None, en
     return rows
 
 
-def _check_safetensors_folder(path: Path) -> None:
-    """Weights are read only from safetensors: a folder with only pickle-based weights (.bin, .pt, .pth, .ckpt,
-    .pkl: loading them can run code) is refused before anything is loaded."""
-    if not path.is_dir():
-        raise PlelabError(f"SigLIP checkpoint folder {path} does not exist or is not a folder (nothing is downloaded)")
-    if not any(path.glob("*.safetensors")):
-        pickled = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"))
-        found = f" (found {pickled[0]}, a pickle-based format plelab does not load)" if pickled else ""
-        raise PlelabError(f"{path} holds no .safetensors weights{found}; save the model with "
-                          "save_pretrained(..., safe_serialization=True) and pass that folder")
-
-
 def visual_ids(*, k: int = 64, scenes: int = 2000, seed: int = 0, image_size: int = 48, patch: int = 8,
                data: str | None = None, siglip: str | None = None, out: str | Path | None = None, log=print) -> dict:
     """Fit the offline tokenizers (:func:`id_table`) on the embedded scenes (``scenes`` of them, ``seed``) or on
@@ -71,7 +60,7 @@ def visual_ids(*, k: int = 64, scenes: int = 2000, seed: int = 0, image_size: in
     if out:
         check_folder_target(out, "--out", "give a writable folder for the fitted tokenizers")
     if siglip:
-        _check_safetensors_folder(Path(siglip))
+        check_safetensors_folder(siglip, "a SigLIP vision tower")
     if data:
         train, held = split_pairs(load_image_captions(data, image_size, patch))
     else:

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from plelab.errors import PlelabError
+from plelab.integrations.pretrained import from_pretrained
 from plelab.io import atomic_write, cache_dir
 from plelab.visual.scenes import fingerprint
 
@@ -182,17 +183,7 @@ class HFSiglipEncoder(nn.Module):
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
-        try:
-            from transformers import SiglipVisionModel  # optional and heavy: the hf extra, for --siglip
-        except ImportError:
-            raise PlelabError("loading a SigLIP checkpoint needs transformers: pip install 'plelab[hf]'") from None
-        if not Path(path).is_dir():
-            raise PlelabError(f"SigLIP checkpoint folder {path} does not exist (nothing is downloaded)")
-        try:
-            self.model = SiglipVisionModel.from_pretrained(str(path), local_files_only=True,
-                                                           use_safetensors=True).eval()
-        except (OSError, ValueError) as err:
-            raise PlelabError(f"{path} is not a SigLIP vision checkpoint ({str(err).splitlines()[0]})") from None
+        self.model = from_pretrained("SiglipVisionModel", path, "a SigLIP vision tower").eval()
         self.model.requires_grad_(False)
         self.image_size = self.model.config.image_size
         self.patch = self.model.config.patch_size
