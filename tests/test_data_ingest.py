@@ -24,10 +24,10 @@ from plelab.data import (
     split_for_training,
     train_tokenizer,
 )
-from plelab.data import sources as sources_mod
+from plelab.data import archives
 from plelab.data.corpus import corpus_fingerprint
 from plelab.data.shards import open_split
-from plelab.data.sources import chunk_paragraphs, file_documents
+from plelab.data.sources import chunk_paragraphs, file_documents, resolve_source
 from plelab.data.streaming import prepare_tokens
 from plelab.data.tokenizer import EOS, hash_sample
 from plelab.errors import ConfigError, PlelabError
@@ -73,7 +73,7 @@ def test_text_read_in_blocks_equals_the_whole_file(tmp_path, monkeypatch):
     body = "\r\n\r\n".join(_texts(40)) + "\n\n\n" + "one line without breaks " * 3000 + "\r\n\r\nend"
     (tmp_path / "a.txt").write_bytes(body.encode("utf-8"))
     whole = list(chunk_paragraphs(body.replace("\r\n", "\n")))
-    monkeypatch.setattr(sources_mod, "BLOCK_BYTES", 7)  # blocks cut inside "\r\n" and inside paragraphs
+    monkeypatch.setattr(archives, "BLOCK_BYTES", 7)  # blocks cut inside "\r\n" and inside paragraphs
     assert list(file_documents(tmp_path / "a.txt")) == whole and len(whole) > 10
 
 
@@ -83,7 +83,12 @@ def test_compressed_jsonl_parquet_row_groups_and_hf_folder_stream(tmp_path):
     (tmp_path / "d.jsonl.gz").write_bytes(gzip.compress(lines))
     zstd = pytest.importorskip("zstandard")
     (tmp_path / "d.jsonl.zst").write_bytes(zstd.ZstdCompressor().compress(lines))
-    for name in ("d.jsonl.gz", "d.jsonl.zst"):
+    half = len(lines) // 2  # two frames with a skippable frame between them, read to the end of the last
+    skippable = (0x184D2A53).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"plelb"
+    (tmp_path / "f.jsonl.zst").write_bytes(zstd.ZstdCompressor(write_checksum=True).compress(lines[:half])
+                                           + skippable + zstd.ZstdCompressor().compress(lines[half:]))
+    assert archives.check_zstd_frames(tmp_path / "f.jsonl.zst") == 3
+    for name in ("d.jsonl.gz", "d.jsonl.zst", "f.jsonl.zst"):
         assert list(file_documents(tmp_path / name, "body")) == texts
     (tmp_path / "d.txt.gz").write_bytes(gzip.compress("\n\n".join(texts).encode()))
     assert list(file_documents(tmp_path / "d.txt.gz")) == list(chunk_paragraphs("\n\n".join(texts)))
@@ -322,4 +327,4 @@ def test_review_cases_mixtures_of_text_and_shards_checks_and_messages(tmp_path):
         list(file_documents(bad))
     (tmp_path / "d.json").write_text('[{"text": "hello"}]')
     with pytest.raises(PlelabError, match="is not a format plelab reads"):
-        sources_mod.resolve_source(tmp_path / "d.json")
+        resolve_source(tmp_path / "d.json")

@@ -3,8 +3,9 @@ folders.
 
 A source is resolved once (:func:`resolve_source`: which files, of which kind) and then read as a
 stream of documents (:func:`iter_documents`) in bounded memory: text files in blocks, JSONL line
-by line through the decompressor, Parquet one record batch at a time, a ``save_to_disk`` folder
-through its memory-mapped Arrow files. :func:`source_manifest` lists (path, size, mtime) without
+by line through the decompressor (:mod:`plelab.data.archives`: read to a verified end), Parquet one
+record batch at a time, a ``save_to_disk`` folder through its memory-mapped Arrow files (the text column of
+either must be string-typed, in every file: a binary or integer column is refused, not skipped). :func:`source_manifest` lists (path, size, mtime) without
 reading anything, so a warm cache is recognised without re-reading the text.
 
 Bad inputs (missing, empty, binary, non-UTF-8, unreadable, malformed JSON, a corrupt archive, a
@@ -15,15 +16,14 @@ missing text field, a folder mixing text with token shards) raise a one-line
 from __future__ import annotations
 
 import codecs
-import gzip
 import io
 import json
 import os
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from plelab.data.archives import BLOCK_BYTES, blocks
 from plelab.data.corpus import Corpus, embedded_corpus, embedded_name
 from plelab.errors import PlelabError
 
@@ -34,7 +34,6 @@ READABLE_SUFFIXES = (*TEXT_SUFFIXES, ".jsonl", ".parquet")
 # Suffixes of formats that would otherwise be read as plain text (any other suffix is: .log, .rst, none, ...).
 UNSUPPORTED = (".json", ".csv", ".tsv", ".gz", ".zst", ".bz2", ".xz", ".zip", ".tar", ".pt", ".pkl", ".arrow",
                ".npz", ".safetensors")
-BLOCK_BYTES = 1 << 20  # text files are read this many bytes at a time
 MAX_PARAGRAPH = 4 << 20  # a "paragraph" with no blank line for this many characters is cut here
 
 
@@ -120,45 +119,11 @@ def source_manifest(src: Source) -> list[list]:
     return out
 
 
-def _open_binary(path: Path):
-    try:
-        if path.name.lower().endswith(".gz"):
-            return gzip.open(path, "rb")
-        if path.name.lower().endswith(".zst"):
-            try:
-                import zstandard  # optional: the data extra, for .zst archives
-            except ImportError:
-                raise PlelabError(f"reading {path} needs zstandard: pip install zstandard") from None
-            return zstandard.open(path, "rb")
-        return open(path, "rb")
-    except IsADirectoryError:
-        raise PlelabError(f"{path} is a folder where a file was expected") from None
-    except OSError as err:
-        raise PlelabError(f"cannot read {path}: {err.strerror or err}; check the path and its permissions") from None
-
-
-def _blocks(path: Path) -> Iterator[bytes]:
-    """The (decompressed) bytes of ``path`` in blocks; a damaged archive is a one-line error naming the file."""
-    with _open_binary(path) as f:
-        while True:
-            try:
-                block = f.read(BLOCK_BYTES)
-            except (OSError, EOFError, zlib.error) as err:
-                raise PlelabError(f"cannot read {path}: the archive is damaged or truncated "
-                                  f"({str(err).splitlines()[0] or type(err).__name__}); re-create it") from None
-            except Exception as err:  # zstandard.ZstdError
-                raise PlelabError(f"cannot read {path}: the archive is damaged ({str(err).splitlines()[0]}); "
-                                  "re-create it") from None
-            if not block:
-                return
-            yield block
-
-
 def _text_blocks(path: Path) -> Iterator[str]:
     """UTF-8 text of ``path`` in blocks, ``\\r\\n`` and ``\\r`` turned into ``\\n``; NUL bytes near the start mean
     binary."""
     decoder, offset, first, carry = codecs.getincrementaldecoder("utf-8")(), 0, True, ""
-    for block in _blocks(path):
+    for block in blocks(path):
         if first and b"\x00" in block[:65536]:
             raise PlelabError(f"{path} looks binary (it contains NUL bytes); pass UTF-8 text")
         first = False
@@ -293,10 +258,10 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
 
 
 class _LineSource(io.RawIOBase):
-    """:func:`_blocks` as a readable raw stream (so ``TextIOWrapper`` can read lines through any decompressor)."""
+    """:func:`~plelab.data.archives.blocks` as a readable raw stream (so ``TextIOWrapper`` can read lines through any decompressor)."""
 
     def __init__(self, path: Path) -> None:
-        self._it = _blocks(path)
+        self._it = blocks(path)
         self._buf = next(self._it, b"")
         if b"\x00" in self._buf[:65536]:
             raise PlelabError(f"{path} looks binary (it contains NUL bytes); pass UTF-8 JSON lines "
@@ -315,19 +280,36 @@ class _LineSource(io.RawIOBase):
         return n
 
 
+def _string_column(path: Path, field: str, kind, strings: list[str]) -> None:
+    """Refuse a text column ``field`` of another type than string (``kind``, as Arrow or datasets names it): its
+    values would be skipped, and the file would drop out of the corpus without a word."""
+    hint = (f"its string columns: {', '.join(strings)} — choose one with --text-field" if strings else
+            "it has no string column — store the text as UTF-8 strings")
+    raise PlelabError(f"{path}: column {field!r} is {kind}, not string; plelab reads text from a string column "
+                      f"({hint})")
+
+
 def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
     try:
+        import pyarrow as pa  # optional: the data extra, for users' Parquet files (the column types)
         import pyarrow.parquet as pq  # optional: the data extra, for users' Parquet files
     except ImportError:
         raise PlelabError(f"reading {path} needs pyarrow: pip install pyarrow") from None
     try:
         pf = pq.ParquetFile(path)
-        names = pf.schema_arrow.names
+        schema = pf.schema_arrow
     except Exception as err:  # pyarrow raises ArrowInvalid / OSError for damaged files
         raise PlelabError(f"cannot read Parquet file {path}: {str(err).splitlines()[0]}") from None
-    if text_field not in names:
-        raise PlelabError(f"{path} has no column {text_field!r} (columns: {', '.join(names)}); "
+    if text_field not in schema.names:
+        raise PlelabError(f"{path} has no column {text_field!r} (columns: {', '.join(schema.names)}); "
                           "choose the text column with --text-field")
+
+    def is_text(kind) -> bool:
+        kind = kind.value_type if pa.types.is_dictionary(kind) else kind
+        return pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"
+
+    if not is_text(schema.field(text_field).type):
+        _string_column(path, text_field, schema.field(text_field).type, [f.name for f in schema if is_text(f.type)])
     batches = pf.iter_batches(batch_size=4096, columns=[text_field])
     while True:
         try:
@@ -354,6 +336,13 @@ def _hf_documents(path: Path, text_field: str) -> Iterator[str]:
     if text_field not in ds.column_names:
         raise PlelabError(f"dataset {path} has no column {text_field!r} (columns: {', '.join(ds.column_names)}); "
                           "choose one with --text-field")
+
+    def is_text(feature) -> bool:
+        return getattr(feature, "dtype", None) in ("string", "large_string")
+
+    if not is_text(ds.features[text_field]):
+        _string_column(path, text_field, ds.features[text_field],
+                       [n for n, f in ds.features.items() if is_text(f)])
     for batch in ds.select_columns([text_field]).iter(batch_size=4096):
         yield from (t.strip() for t in batch[text_field] if isinstance(t, str) and t.strip())
 
