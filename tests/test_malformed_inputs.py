@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from safetensors_edit import relabel
 
 from plelab.cli import main
 
@@ -28,6 +29,7 @@ TINY_SWEEP = ["--preset", "cpu-tiny", "--dp", "0,8", "--seeds", "2", "--steps", 
                             "train.checkpoint_every=0", "train.diag_windows=8", "train.eval_batches=1")
                 for x in ("--set", o)]]
 CKPT = "checkpoints/step-000002"
+EMBED = "model.embed_tokens.weight"
 
 
 class _Payload:
@@ -126,6 +128,19 @@ def work(tmp_path_factory):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"body": ["a document"] * 10}), tok / "notext.parquet")
+    import zstandard  # archives cut short (issue 54): a frame cut is refused, never read as a smaller corpus
+
+    whole = zstandard.ZstdCompressor().compress(((w / "other.txt").read_bytes()))
+    (tok / "cut.txt.zst").write_bytes(whole[: len(whole) * 6 // 10])
+    rows = lines.splitlines(keepends=True)
+    first, second = (zstandard.ZstdCompressor().compress("".join(part).encode()) for part in (rows[:200], rows[200:]))
+    (tok / "cut-second-frame.jsonl.zst").write_bytes(first + second[: len(second) // 2])
+    docs = [" ".join(random.Random(i).choices(["spam", "eggs", "ham", "toast"], k=80)) for i in range(200)]
+    typed = w / "typed"  # Parquet shards whose text column is not string-typed (issue 54)
+    for name, column in (("mixed/a.parquet", docs), ("mixed/b.parquet", [d.encode() for d in docs]),
+                         ("wrong/a.parquet", list(range(200))), ("wrong/b.parquet", [[d] for d in docs])):
+        (typed / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"text": column, "title": ["t"] * 200}), typed / name)
     siglip = w / "siglip-pickle"
     siglip.mkdir()
     (siglip / "config.json").write_text(json.dumps({"model_type": "siglip_vision_model", "hidden_size": 32}))
@@ -151,6 +166,13 @@ def _run_copy(w, name, damage=None):
     if damage:
         damage(run / CKPT)
     return run
+
+
+def _relabelled_hf(w: Path, name: str, key: str) -> Path:
+    """A copy of the attached HF folder hf-a whose ``key`` claims I32 in its safetensors header."""
+    folder = _copy(w, "hf-a", f"relabel-{name}")
+    relabel(folder / "model.safetensors", key)
+    return folder
 
 
 def _truncate(path: Path) -> None:
@@ -222,6 +244,17 @@ CASES = {
                                      "mixes text files (a.txt) with token"),
     "ingest-parquet-without-text-column": (lambda w: [*INGEST, "--data", f"{w}/tok/notext.parquet"],
                                            "has no column 'text' (columns: body)"),
+    "ingest-zst-cut-at-60-percent": (lambda w: [*INGEST, "--data", f"{w}/tok/cut.txt.zst"],
+                                     "cut.txt.zst: the zstd archive is truncated (frame 1, from byte 0, is cut"),
+    "ingest-zst-second-frame-cut": (lambda w: [*INGEST, "--data", f"{w}/tok/cut-second-frame.jsonl.zst"],
+                                    "cut-second-frame.jsonl.zst: the zstd archive is truncated (frame 2, from byte"),
+    "ingest-parquet-folder-with-a-binary-shard": (lambda w: [*INGEST, "--data", f"{w}/typed/mixed"],
+                                                  "b.parquet: column 'text' is binary, not string; plelab reads "
+                                                  "text from a string column (its string columns: title"),
+    "ingest-parquet-shards-all-wrong-typed": (lambda w: [*INGEST, "--data", f"{w}/typed/wrong"],
+                                              "a.parquet: column 'text' is int64, not string"),
+    "ingest-parquet-list-typed-text": (lambda w: [*INGEST, "--data", f"{w}/typed/wrong/b.parquet"],
+                                       "b.parquet: column 'text' is list<element: string>, not string"),
     "ingest-weights-do-not-parse": (lambda w: [*INGEST, "--data", f"{w}/other.txt:lots", "--data",
                                                f"{w}/latin1.txt:1"], "give PATH:WEIGHT with a weight > 0"),
     "ingest-unknown-val-shard": (lambda w: [*INGEST, "--data", f"{w}/tok/u32.npy", "--set", "data.val_shard=x.npy"],
@@ -316,6 +349,10 @@ CASES = {
         lambda w: [*RESUME, str(_run_copy(w, "key", lambda c: _edit_json(
             c.parent.parent / "config.json", lambda d: d["model"].update(bogus=1))))],
         "config.json: unknown config key 'model.bogus'"),
+    "resume-moment-relabelled-int32": (
+        lambda w: [*RESUME, str(_run_copy(w, "mrelabel", lambda c: relabel(c / "optimizer.safetensors",
+                                                                          f"{EMBED}.exp_avg_sq")))],
+        f"{EMBED}.exp_avg_sq is stored as int32, the model expects float32"),
     "resume-checkpoints-is-a-file": (
         lambda w: [*RESUME, str(_run_copy(w, "ckfile", lambda c: (shutil.rmtree(c.parent),
                                                                  c.parent.write_text("x"))))],
@@ -393,13 +430,23 @@ CASES = {
     "eval-foreign-weights": (
         lambda w: ["eval", str(_run_copy(w, "eforeign", lambda c: shutil.copy(w / "foreign.safetensors",
                                                                              c / "model.safetensors")))],
-        "lacks model.embed_tokens.weight"),
+        "does not fit this model (missing model.embed_tokens.weight)"),
+    "eval-weight-relabelled-int32": (
+        lambda w: ["eval", str(_run_copy(w, "erelabel", lambda c: relabel(c / "model.safetensors", EMBED)))],
+        f"{EMBED} is stored as int32, the model expects float32"),
     "eval-other-corpus": (
         lambda w: ["eval", str(_run_copy(w, "ecorpus", lambda c: _edit_json(
             c / "state.json", lambda d: d["config"]["data"].update(path=f"{w}/other.txt"))))],
         "was trained on another corpus"),
     "eval-bad-windows": (lambda w: ["eval", f"{w}/run", "--windows", "0"], "--windows and --batch"),
     # checkpoints plelab did not train
+    "diagnose-attached-ple-weight-relabelled": (
+        lambda w: ["diagnose", str(_relabelled_hf(w, "ple", "model.per_layer_model_projection.weight")), "--data",
+                   f"{w}/words.txt", "--tokenizer", f"{w}/tok-fits.json", "--no-progress"],
+        "model.per_layer_model_projection.weight is stored as int32, the model expects float32"),
+    "diagnose-attached-host-weight-relabelled": (
+        lambda w: ["diagnose", str(_relabelled_hf(w, "host", EMBED)), "--data", f"{w}/words.txt", "--tokenizer",
+                   f"{w}/tok-fits.json", "--no-progress"], f"{EMBED} is stored as int32, the model expects float32"),
     "diagnose-reference-with-other-rows": (lambda w: ["diagnose", f"{w}/hf-a", "--reference", f"{w}/hf-half-rows",
                                                       "--no-progress"], "rows must be the same token ids"),
     "diagnose-init-of-another-shape": (lambda w: ["diagnose", f"{w}/hf-a", "--reference", f"{w}/hf-b", "--init",
@@ -426,10 +473,13 @@ CASES = {
                                 "top_k must be >= 1"),
     "generate-not-a-run": (lambda w: ["generate", f"{w}/empty-dir", "--prompt", "hi"], "holds no plelab checkpoint"),
     "export-onto-an-existing-folder": (lambda w: ["export", f"{w}/run", f"{w}/empty-dir"], "exists; export writes"),
+    "export-weight-relabelled-int32": (
+        lambda w: ["export", str(_run_copy(w, "xrelabel", lambda c: relabel(c / "model.safetensors", EMBED))),
+                   f"{w}/o/xr"], f"{EMBED} is stored as int32, the model expects float32"),
     "export-run-with-foreign-weights": (
         lambda w: ["export", str(_run_copy(w, "xforeign", lambda c: shutil.copy(w / "foreign.safetensors",
                                                                                 c / "model.safetensors"))),
-                   f"{w}/o/x"], "lacks"),
+                   f"{w}/o/x"], "does not fit this model (missing"),
     # demo
     "demo-missing-data": (lambda w: ["demo", "--quick", "--no-progress", "--data", f"{w}/nowhere",
                                      "--out", f"{w}/o/demo"], "does not exist"),
@@ -439,7 +489,8 @@ CASES = {
     "visual-ids-not-an-image": (lambda w: [*VIDS, f"{w}/vis/text.jsonl"], "is not a readable image"),
     "visual-ids-image-is-a-folder": (lambda w: [*VIDS, f"{w}/vis/folder.jsonl"], "is a folder, not an image file"),
     "visual-ids-pickled-siglip": (lambda w: ["visual-ids", "--k", "4", "--scenes", "10", "--siglip",
-                                             f"{w}/siglip-pickle"], "holds no .safetensors weights"),
+                                             f"{w}/siglip-pickle"],
+                                  "holds no model.safetensors weights (found pytorch_model.bin"),
     "visual-ids-out-is-a-file": (lambda w: ["visual-ids", "--k", "4", "--scenes", "10", "--out", f"{w}/a-file"],
                                  "is a file, not a folder"),
     "train-visual-data-truncated-png": (
@@ -501,3 +552,23 @@ def test_failed_resume_leaves_config_json_untouched(work, capsys):
     assert main([*RESUME, str(run), "--steps", "4"]) == 2
     assert "does not fit this model" in capsys.readouterr().err
     assert (run / "config.json").read_bytes() == before
+
+
+def test_a_relabelled_checkpoint_is_refused_and_no_checkpoint_is_lost(work, capsys):
+    """Issue 54: a weight relabelled I32 in the header of the newest checkpoint once resumed (loss 6.2 -> 6.5e10)
+    and rotation then deleted the intact checkpoint before it. Resume (set to rotate at once), eval and export
+    refuse it in one line, and every file of the run is as it was."""
+    run = work / "cases" / "relabelled-rotation"
+    assert main(["train", "--preset", "cpu-tiny", "--steps", "4", "--no-progress", "--set",
+                 "train.checkpoint_every=2", "--set", "train.keep_checkpoints=2", "--out", str(run)]) == 0
+    assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step-000002", "step-000004"]
+    relabel(run / "checkpoints/step-000004/model.safetensors", EMBED)
+    before = _snapshot(run)
+    capsys.readouterr()
+    for argv in ([*RESUME, str(run), "--steps", "8", "--set", "train.keep_checkpoints=1"], ["eval", str(run)],
+                 ["export", str(run), str(work / "o" / "relabelled-export")]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{EMBED} is stored as int32, the model expects float32" in err, err
+        assert "step-000004" in err and "Traceback" not in err
+    assert _snapshot(run) == before and not (work / "o" / "relabelled-export").exists()
