@@ -175,6 +175,15 @@ def test_plan_sizes_a_confirmatory_sweep_on_fresh_seeds(sweep_dir, capsys):
     assert p["seeds"]  # at δ = 0.05 the tiny sweep's noise is decidable within 1000 seeds
     assert not spec_seeds & set(p["confirmatory_seeds"]) and len(p["confirmatory_seeds"]) == p["seeds"]
     assert "--seed-list" in p["command"] and "--delta 0.05" in p["command"]
+    # one number per question: the plan at the pilot's own outcome and δ gives what the pilot's report gives
+    from plelab.reports.sweep_findings import required_seeds
+    from plelab.sweeps.analysis import analyse
+    from plelab.sweeps.results import collect
+
+    res = collect(sweep_dir, structure=False)
+    res.spec = dataclasses.replace(res.spec, delta=0.05)
+    same = {k: p["seeds_at_pilot_outcome"][k] for k in ("consecutive", "vs_baseline")}
+    assert same == required_seeds(analyse(res), res.spec.alpha) and all(v for v in same.values())
     capsys.readouterr()
     assert main(["plan", str(sweep_dir), "--delta", "0.05"]) == 0
     assert "not fitted on the pilot" in capsys.readouterr().out

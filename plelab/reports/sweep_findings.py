@@ -12,7 +12,6 @@ import math
 import statistics
 
 from plelab.sweeps import stats
-from plelab.sweeps.power import seeds_to_decide
 from plelab.sweeps.results import SweepResults
 from plelab.sweeps.spec import sweep_command
 
@@ -79,15 +78,12 @@ def seed_step_finding(cons: list[dict], spec, hidden: int, vs_baseline: list[dic
                    "the seed's ratios at H = 160: dP 4/8/16/32).", ("consecutive", first["a"], first["b"]))
 
 
-def required_seeds(analysis: dict, delta: float, alpha: float, power: float = 0.8) -> int | None:
-    """Seeds per arm at which a consecutive step of δ is detected with ``power`` (exact noncentral t, level α/m
-    for m steps), at the median spread of the paired differences measured here (None: no spread measured, or
-    more than 1000)."""
-    sds = [c["sd"] for c in analysis["consecutive"] if c.get("sd")]
-    if not sds:
-        return None
-    sd, m = statistics.median(sds), len(analysis["consecutive"])
-    return seeds_to_decide("difference", sd, delta, alpha / m, power)
+def required_seeds(analysis: dict, alpha: float, power: float = 0.8) -> dict[str, int | None]:
+    """Seeds per arm that decide every comparison of each main question — ``consecutive`` (the steps: dead zones,
+    transitions) and ``vs_baseline`` — at the spreads measured here (:func:`stats.family_seeds`: the same number
+    ``plelab plan`` prints for that family; None: beyond reach or unknown)."""
+    return {fam: stats.family_seeds(analysis[fam], alpha, power) for fam in ("consecutive", "vs_baseline")
+            if analysis.get(fam)}
 
 
 def _step(c: dict, spec) -> str:
@@ -127,7 +123,7 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[Finding]:
     unclear = [c for c in cons if c["label"] == stats.INCONCLUSIVE]
     if unclear:
         mdes = [c["mde"] for c in unclear if c["mde"] is not None]
-        need = required_seeds(analysis, spec.delta, spec.alpha)
+        need = required_seeds(analysis, spec.alpha).get("consecutive")
         n = min(c["n"] for c in unclear)
         msg = (f"{len(unclear)} of {len(cons)} steps are inconclusive with {n} paired seeds — the usual "
                "outcome at this scale")
@@ -135,8 +131,9 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[Finding]:
             msg += (f"; the median minimum detectable effect is {statistics.median(mdes):.4f} nats at 80% power "
                     "after Holm")
         if need:
-            msg += (f"; about {need} seeds per arm would detect a true step of δ={spec.delta} at the spread measured "
-                    f"here (grow this sweep: `{sweep_command(spec, res.root, seeds=need)}`)")
+            msg += (f"; about {need} seeds per arm would decide every step at δ={spec.delta} (detect a true step of δ, "
+                    "or show ±δ when there is none, on the pooled and on each pair's own error — the number plelab "
+                    f"plan gives for this question; grow this sweep: `{sweep_command(spec, res.root, seeds=need)}`)")
         out.append(Finding(msg + ".", *_rows("consecutive", unclear)))
     seed_step = seed_step_finding(cons, spec, res.configs[spec.baseline]["model"]["hidden_size"],
                                   analysis["vs_baseline"])

@@ -134,24 +134,26 @@ def simultaneous(comps: list[stats.Comparison], df: float, alpha: float) -> None
 
 def agree(pooled: list[stats.Comparison], own: list[stats.Comparison]) -> int:
     """Keep a pooled-error label only where the pair's own-error analysis gives the same label; otherwise the
-    comparison becomes inconclusive, saying both. Each comparison keeps its own-error reading in ``own_error``.
-    Returns the number of disagreements."""
+    comparison becomes inconclusive, saying both. Each comparison keeps its own-error reading in ``own_error`` and
+    its seeds to decide become the larger of the two errors' needs (:func:`stats.seeds_to_label`). Returns the
+    number of disagreements."""
     disagree = 0
     for c, o in zip(pooled, own):
         c.own_error = {k: getattr(o, k) for k in ("label", "mean", "sd", "ci_low", "ci_high", "p_adj", "p_tost_adj",
                                                    "df", "mde")}
+        if c.n >= 2 and c.sd > 0:
+            c.seeds_to_decide = stats.seeds_to_label(c, c.alpha / c.m_family)
         if c.label == o.label:
             continue
         disagree += 1
-        need = {k: max((v for v in ((c.seeds_to_decide or {}).get(k), (o.seeds_to_decide or {}).get(k))
-                        if v is not None), default=None) for k in ("difference", "equivalence")}
+        need = c.seeds_to_decide or {}
         decide = "; ".join(f"≈{n} seeds would {what}" for what, n in (
-            (f"detect a true Δ of δ={c.delta}", need["difference"]),
-            (f"show equivalence within ±{c.delta} if the true Δ is 0", need["equivalence"])) if n)
+            (f"detect a true Δ of δ={c.delta}", need.get("difference")),
+            (f"show equivalence within ±{c.delta} if the true Δ is 0", need.get("equivalence"))) if n)
         c.reason = (f"the pooled error says '{c.label}' ({c.reason}); the pair's own error says '{o.label}' "
                     f"([{o.ci_low:+.4f}, {o.ci_high:+.4f}], p_Holm {o.p_adj:.3g}, p_TOST,Holm {o.p_tost_adj:.3g}, "
                     f"ν={o.df:g}): the analyses disagree, so no label stands" + (f" — {decide}" if decide else ""))
-        c.label, c.seeds_to_decide = stats.INCONCLUSIVE, need
+        c.label = stats.INCONCLUSIVE
     return disagree
 
 

@@ -21,7 +21,7 @@ from plelab.sweeps.preregister import preregister
 from plelab.sweeps.records import copy_records, record_path, sweep_roots
 from plelab.sweeps.results import collect
 from plelab.sweeps.runner import emit_scripts, folder_done, jobs_of, record_finished, run_sweep
-from plelab.sweeps.spec import (CONTROLS, DEFAULT_DELTA, DEFAULT_LAST_K, SweepSpec, dp_arms, load_spec,
+from plelab.sweeps.spec import (CONTROLS, DEFAULT_LAST_K, DP_DELTA, SweepSpec, dp_arms, load_spec,
                                 merge_spec)
 
 DEFAULT_PRESET = "cpu-sweep"
@@ -45,13 +45,13 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
     ``seed_list``; ``controls`` (names, or ``"all"``) at ``control_dp``; ``variants``: name -> overrides (a
     dict or pairs), an arm family crossed with every dP > 0. ``delta`` (the margin δ, nats) and ``last_k`` (a run's
     loss = the mean of its last k evaluations) go into the analysis plan; left out, they are ``existing``'s, or
-    plelab's defaults for a new sweep. ``lrs`` (group -> learning rate: ``baseline``, ``dP`` and each control family)
+    plelab's defaults for a new sweep (δ: :data:`~plelab.sweeps.spec.DP_DELTA`, from the question). ``lrs`` (group -> learning rate: ``baseline``, ``dP`` and each control family)
     or ``lr_from`` (a finished ``plelab lr-search`` folder) set each arm's ``train.lr`` (:mod:`plelab.sweeps.lr_search`).
     ``existing``: the spec already in the folder — its control placement is kept when ``control_dp`` is not given."""
     if lrs is not None and lr_from is not None:
         raise ConfigError("give lrs or --lr-from, not both")
     if delta is None:
-        delta = existing.delta if existing is not None else DEFAULT_DELTA
+        delta = existing.delta if existing is not None else DP_DELTA
     if last_k is None:
         last_k = existing.last_k if existing is not None else DEFAULT_LAST_K
     if last_k < 1:

@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 
 from plelab.errors import PlelabError
-from plelab.sweeps import blocked, power
+from plelab.sweeps import blocked, power, stats
 from plelab.sweeps.results import collect
 from plelab.sweeps.spec import sweep_command
 from plelab.training.evaluate import evaluate
@@ -150,13 +150,11 @@ def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.
                                                 many_to_one=name == "vs_baseline")
             m = max(1, len(comps))
             rows = []
-            for c in comps:
-                per_seed = (c.error_arms - 1, -(c.error_arms - 1))
+            for c in comps:  # the report's own number for the same question (stats.seeds_to_label)
+                need = stats.seeds_to_label(c, spec.alpha / m, target_power)
                 rows.append({"a": c.a, "b": c.b, "pilot_mean": c.mean, "sd": c.sd,
-                             "seeds_difference": power.seeds_to_decide("difference", c.sd, delta, spec.alpha / m,
-                                                                       target_power, df_per_seed=per_seed),
-                             "seeds_equivalence": power.seeds_to_decide("tost", c.sd, delta, spec.alpha / m,
-                                                                        target_power, df_per_seed=per_seed)})
+                             "own_sd": (c.own_error or {}).get("sd", c.sd),
+                             "seeds_difference": need["difference"], "seeds_equivalence": need["equivalence"]})
             entry["families"][name] = {"method": how["method"], "comparisons": rows}
         sds = [r["sd"] for f in entry["families"].values() for r in f["comparisons"] if r["sd"] > 0]
         entry["median_sd"] = sorted(sds)[len(sds) // 2] if sds else math.nan
@@ -172,6 +170,8 @@ def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.
         by_family[name] = {"seeds": max((g for g in got if g is not None), default=None),
                            "undecidable": sum(g is None for g in got)}
     fresh = list(range(max(spec.seeds) + 1, max(spec.seeds) + 1 + n)) if n else []
+    own_k = next((e for e in by_k if e["last_k"] == spec.last_k), None)  # the outcome the pilot's report uses
+    at_pilot = {name: _need(fam["comparisons"]) for name, fam in own_k["families"].items()} if own_k else None
     command = None
     if n:
         confirm = dataclasses.replace(spec, seeds=fresh, delta=delta, last_k=best["last_k"], plan=None)
@@ -180,7 +180,15 @@ def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.
     return {"pilot": str(pilot), "pilot_seeds": spec.seeds, "delta": delta, "noise": noise,
             "delta_origin": origin, "families": families, "seeds_by_family": by_family,
             "power": target_power, "alpha": spec.alpha, "by_last_k": by_k, "chosen_last_k": best["last_k"],
-            "seeds": n, "undecidable": len(needs) - len(decided), "confirmatory_seeds": fresh, "command": command}
+            "seeds": n, "undecidable": len(needs) - len(decided), "confirmatory_seeds": fresh, "command": command,
+            "pilot_last_k": spec.last_k, "seeds_at_pilot_outcome": at_pilot}
+
+
+def _need(rows: list[dict]) -> int | None:
+    """A family's seeds per arm from its rows (the largest need; None where one is beyond reach): the number
+    :func:`plelab.sweeps.stats.family_seeds` gives the report for the same comparisons and outcome."""
+    needs = [r[k] for r in rows for k in ("seeds_difference", "seeds_equivalence")]
+    return None if not needs or None in needs else max(needs)
 
 
 def plan_text(p: dict) -> str:
@@ -202,14 +210,20 @@ def plan_text(p: dict) -> str:
         lines.append(f"{name.replace('_', ' ')} ({fam['method']}): seeds to detect a true Δ of δ / to show ±δ if "
                      "the true Δ is 0")
         for r in fam["comparisons"]:
-            lines.append(f"  {r['b']} − {r['a']}: sd {r['sd']:.4f}, pilot Δ {r['pilot_mean']:+.4f} (not a test) → "
+            lines.append(f"  {r['b']} − {r['a']}: sd {r['sd']:.4f} (own {r['own_sd']:.4f}), pilot Δ "
+                         f"{r['pilot_mean']:+.4f} (not a test) → "
                          f"{r['seeds_difference'] or '>1000'} / {r['seeds_equivalence'] or '>1000'}")
     names = {"consecutive": "the consecutive steps", "vs_baseline": "each dP against the baseline",
              "controls": "each control against its reference"}
+    lines.append("Each need is the larger of the pooled error's and the pair's own error's (a pooled label stands "
+                 "only where the own error agrees).")
     lines.append("Seeds per arm by family: " + "; ".join(
         f"{names[k]} {v['seeds'] or '>1000'}" + (f" ({v['undecidable']} decision(s) need >1000)"
                                                    if v["undecidable"] and v["seeds"] else "")
         for k, v in p["seeds_by_family"].items()) + ".")
+    if p.get("seeds_at_pilot_outcome"):
+        lines.append(f"At the pilot's own outcome (last_k = {p['pilot_last_k']}), the numbers its report gives: " + "; ".join(
+            f"{names[k]} {v or '>1000'}" for k, v in p["seeds_at_pilot_outcome"].items()) + ".")
     if p["seeds"]:
         lines.append(f"A confirmatory sweep deciding every comparison above needs {p['seeds']} seeds per arm, on "
                      f"seeds the pilot did not use (it reruns every arm of the pilot):")

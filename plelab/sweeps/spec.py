@@ -57,6 +57,9 @@ BOOST = 4.0
 TABLE_LR_FACTORS = (1 / 3, 3.0)
 GATE_INIT = 1.0  # the learned gates' initial value in the gate controls (ple.gate_init)
 DEFAULT_DELTA, DEFAULT_LAST_K = 0.02, 3
+# A dP study's default margin, from its question: below the seed's dP 0 → 64 gain (0.006 nats) and its 128 → 256
+# "phase transition" (0.017), so that an equivalence at ±δ could call neither "no change" (the seed's table).
+DP_DELTA = 0.005
 
 
 @dataclass
@@ -225,7 +228,7 @@ def sweep_command(spec: SweepSpec, root: Path, seeds: int | None = None) -> str:
     n = seeds if seeds is not None else len(spec.seeds)
     parts += ["--seeds", str(n)] if spec.seeds == list(range(len(spec.seeds))) or seeds else \
         ["--seed-list", ",".join(map(str, spec.seeds))]
-    if spec.delta != DEFAULT_DELTA:
+    if spec.delta != DP_DELTA:
         parts += ["--delta", f"{spec.delta:g}"]
     if spec.last_k != DEFAULT_LAST_K:
         parts += ["--last-k", str(spec.last_k)]

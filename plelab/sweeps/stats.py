@@ -182,6 +182,34 @@ def label(c: Comparison, steps: bool = True) -> tuple[str, str]:
                           + (f" — {decide}" if decide else ""))
 
 
+def seeds_to_label(c: Comparison | dict, level: float, power: float = 0.8) -> dict:
+    """Seeds per arm at which comparison ``c`` gets a label at level ``level`` (α/m in its family) with ``power``:
+    ``{"difference": n detecting a true Δ of δ, "equivalence": n showing ±δ at a true Δ of 0}``. Each is the larger
+    of what its pooled error needs (ν = (k − 1)(n − 1) for k arms) and what the pair's own error needs (paired t),
+    since a pooled label stands only where the own error agrees (:func:`plelab.sweeps.blocked.agree`); None when a
+    spread is missing or the need is beyond :data:`~plelab.sweeps.power.MAX_SEEDS`. The one "seeds needed" number
+    the report, ``plelab plan`` and an inconclusive label all quote."""
+    get = c.get if isinstance(c, dict) else lambda k: getattr(c, k)
+    errors = [(get("sd"), get("error_arms") or 2)]
+    own = get("own_error")
+    if own and own.get("sd") is not None:
+        errors.append((own["sd"], 2))
+    out = {}
+    for key, test in (("difference", "difference"), ("equivalence", "tost")):
+        needs = [seeds_to_decide(test, sd, get("delta"), level, power, df_per_seed=(k - 1, -(k - 1)))
+                 for sd, k in errors if sd is not None and sd > 0]
+        out[key] = None if not needs or None in needs else max(needs)
+    return out
+
+
+def family_seeds(comparisons: list[Comparison | dict], alpha: float, power: float = 0.8) -> int | None:
+    """Seeds per arm that decide every comparison of a family (one question): the largest :func:`seeds_to_label`
+    need at α/m; None when one of them is beyond reach or unknown."""
+    m = max(1, len(comparisons))
+    needs = [n for c in comparisons for n in seeds_to_label(c, alpha / m, power).values()]
+    return None if not needs or None in needs else max(needs)
+
+
 def family(comparisons: list[Comparison], steps: bool = True, p_adj: list[float] | None = None,
            adjustment: str = "Holm") -> list[Comparison]:
     """Adjust a family of comparisons in place (Holm, or the given ``p_adj`` from another adjustment such as
@@ -191,12 +219,7 @@ def family(comparisons: list[Comparison], steps: bool = True, p_adj: list[float]
         c.p_adj, c.p_tost_adj, c.adjustment = p, pt, adjustment
         c.m_family = len(comparisons)
         if c.n >= 2 and c.sd > 0:
-            per_seed = (c.error_arms - 1, -(c.error_arms - 1))  # ν = (k − 1)(n − 1) for k arms sharing the error
-            c.seeds_to_decide = {
-                "difference": seeds_to_decide("difference", c.sd, c.delta, c.alpha / len(comparisons),
-                                              df_per_seed=per_seed),
-                "equivalence": seeds_to_decide("tost", c.sd, c.delta, c.alpha / len(comparisons),
-                                               df_per_seed=per_seed)}
+            c.seeds_to_decide = seeds_to_label(c, c.alpha / len(comparisons))
         c.label, c.reason = label(c, steps)
     return comparisons
 
