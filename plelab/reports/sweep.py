@@ -118,12 +118,20 @@ def results_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
 
 def comparison_table(comps: list[dict]) -> tuple[list[str], list[list[str]]]:
     head = ["comparison", "n", "Δ (B − A)", "95% CI", "p (adjusted)", "p TOST (Holm)", "MDE", "seeds to decide",
-            "gain / added M params", "label"]
+            "gain / added M params", "own error: 95% CI, label", "label"]
     rows = [[f"{c['b']} − {c['a']}", str(c["n"]), fmt(c["mean"], "+.4f"),
              f"[{fmt(c['ci_low'], '+.4f')}, {fmt(c['ci_high'], '+.4f')}] ({c.get('ci_kind') or 'per comparison'})",
              f"{fmt(c['p_adj'], '.3g')} ({c['adjustment']})", fmt(c["p_tost_adj"], ".3g"), fmt(c["mde"]),
-             _decide(c), fmt(c.get("gain_per_m_params"), "+.4f"), c["label"]] for c in comps]
+             _decide(c), fmt(c.get("gain_per_m_params"), "+.4f"), _own(c), c["label"]] for c in comps]
     return head, rows
+
+
+def _own(c: dict) -> str:
+    """The pair's own-error reading beside a pooled-error comparison (— where the comparison is the pair's own)."""
+    o = c.get("own_error")
+    if not o:
+        return "—"
+    return f"[{fmt(o['ci_low'], '+.4f')}, {fmt(o['ci_high'], '+.4f')}], {o['label']}"
 
 
 def early_table(early: dict) -> tuple[list[str], list[list[str]]]:
