@@ -7,7 +7,19 @@ import math
 import numpy as np
 import pytest
 
-from plelab.calibration.evaluate import NULL_FLOOR, auroc, decide, fit_thresholds, held_out, upper_bound
+from plelab.calibration.evaluate import (
+    NULL_FLOOR,
+    TARGET,
+    auroc,
+    decide,
+    earliest,
+    fit_thresholds,
+    held_out,
+    minmax_thresholds,
+    rates,
+    unit_of,
+    upper_bound,
+)
 from plelab.calibration.features import Call
 from plelab.calibration.planted import planted_tokens, write_planted
 from plelab.calibration.truth import benefit_truth, used_truth
@@ -34,16 +46,77 @@ def test_auroc_counts_ties_as_half():
     assert auroc(np.array([1.0, 2.0]), np.array([True, True])) is None
 
 
-def test_thresholds_separate_overlap_and_floor():
+def test_old_minmax_thresholds_separate_overlap_and_floor():
     # separable: one cut between the classes, but never below the null floor
-    assert fit_thresholds([10.0, 12.0, 0.0, 1.0], [True, True, False, False]) == (5.5, 5.5)
-    assert fit_thresholds([5.0, 6.0, 0.0, 1.0], [True, True, False, False]) == (NULL_FLOOR, NULL_FLOOR)
+    assert minmax_thresholds([10.0, 12.0, 0.0, 1.0], [True, True, False, False]) == (5.5, 5.5)
+    assert minmax_thresholds([5.0, 6.0, 0.0, 1.0], [True, True, False, False]) == (NULL_FLOOR, NULL_FLOOR)
     # overlapping: UNDECIDED between the smallest positive and the largest negative
-    lo, hi = fit_thresholds([2.0, 9.0, 0.0, 6.0], [True, True, False, False])
+    lo, hi = minmax_thresholds([2.0, 9.0, 0.0, 6.0], [True, True, False, False])
     assert (lo, hi) == (2.0, 6.0)
     assert decide(7.0, (lo, hi)) is True and decide(1.0, (lo, hi)) is False and decide(4.0, (lo, hi)) is None
-    assert fit_thresholds([1.0, 2.0], [True, True]) is None and decide(3.0, None) is None
-    assert fit_thresholds([5.0, 6.0, 0.0, 1.0], [True, True, False, False], floor=None) == (3.0, 3.0)
+    assert minmax_thresholds([1.0, 2.0], [True, True]) is None and decide(3.0, None) is None
+    assert minmax_thresholds([5.0, 6.0, 0.0, 1.0], [True, True, False, False], floor=None) == (3.0, 3.0)
+
+
+def test_quantile_thresholds_sit_at_the_stated_rank_of_configurations():
+    neg, pos = [float(x) for x in range(39)], [float(100 + x) for x in range(39)]
+    # 39 negatives: hi is the ceil(40 * 0.95) = 38th smallest (37.0); lo the floor(40 * 0.05) = 2nd smallest positive
+    assert fit_thresholds(neg + pos, [False] * 39 + [True] * 39, floor=None) == ((37.0 + 101.0) / 2,) * 2
+    lo, hi = fit_thresholds(neg + [20.0, 30.0, 40.0], [False] * 39 + [True] * 3, floor=None)
+    assert hi == 37.0 and lo == -math.inf  # 3 positives cannot target 5%: never called negative
+    assert fit_thresholds(neg[:18] + pos[:18], [False] * 18 + [True] * 18) == (-math.inf, math.inf)
+    assert fit_thresholds(neg[:19] + pos[:19], [False] * 19 + [True] * 19, floor=None) == ((18.0 + 100.0) / 2,) * 2
+    assert fit_thresholds(neg + pos, [False] * 39 + [True] * 39)[1] >= NULL_FLOOR
+    # the unit is the configuration: 19 negative configurations of 4 calls each are 19, not 76 (too few for 5%
+    # below 19; the weighted quantile at 19/19 is the largest call); 4 copies of 18 configurations still cannot call
+    groups = [i // 4 for i in range(76)]
+    scores = [float(g) + 0.1 * (i % 4) for i, g in enumerate(groups)]
+    assert fit_thresholds(scores, [False] * 76, groups=groups) is None
+    both = fit_thresholds(scores + [200.0] * 76, [False] * 76 + [True] * 76, floor=None,
+                          groups=groups + [100 + g for g in groups])
+    assert both == ((max(scores) + 200.0) / 2,) * 2 and max(scores) == 18.3
+    assert fit_thresholds(scores[:72] + [200.0] * 72, [False] * 72 + [True] * 72,
+                          groups=groups[:72] + [100 + g for g in groups[:72]]) == (-math.inf, math.inf)
+    by_call = fit_thresholds(scores[:72] + [200.0] * 72, [False] * 72 + [True] * 72, floor=None)
+    assert by_call == ((17.1 + 200.0) / 2,) * 2  # counted by call, 72 "units" would let it call at 5%
+
+
+def test_quantile_rule_meets_its_target_on_fresh_configurations():
+    """The conformal guarantee: a fresh negative exchangeable with n training negatives is called positive with
+    probability (n + 1 - ceil((n + 1)(1 - TARGET))) / (n + 1) = 5% at n = 39; the min/max rule's is 1 / (n + 1)."""
+    rng = np.random.default_rng(0)
+    hits = {"quantile": 0, "minmax": 0}
+    trials = 3000
+    for _ in range(trials):
+        neg, pos, fresh = rng.normal(0, 1, 39), rng.normal(1, 1, 39), rng.normal(0, 1)  # overlapping: no cut
+        truths = [False] * 39 + [True] * 39
+        for name, rule in (("quantile", fit_thresholds), ("minmax", minmax_thresholds)):
+            hits[name] += decide(fresh, rule([*neg, *pos], truths, floor=None)) is True
+    assert abs(hits["quantile"] / trials - TARGET) < 0.015
+    assert abs(hits["minmax"] / trials - 1 / 40) < 0.01
+
+
+def test_new_rule_against_the_old_on_the_same_folds():
+    """Held out by configuration, the min/max rule can get at most one configuration of each truth wrong whatever
+    the overlap (structural), and leaves the whole overlap UNDECIDED; the quantile rule's error sits at its target
+    and it decides more. Held out by corpus, with corpus b's scores shifted up, both rules' errors exceed it."""
+    rng = np.random.default_rng(1)
+    calls = []
+    for corpus, shift in (("a", 0.0), ("b", 1.5)):
+        for i in range(40):
+            for truth, mean in ((False, 0.0), (True, 2.0)):
+                centre = rng.normal(mean + shift, 1.0)  # one configuration: its 3 seeds' calls correlated
+                cls = "real" if truth else "iid"
+                calls += [_call(f"{cls}{i}", centre + rng.normal(0, 0.2), truth, cls, corpus) for _ in range(3)]
+    for seed_calls in (calls, [c for c in calls if c.corpus == "a"]):
+        old = held_out(seed_calls, "configuration", floor=None, rule="minmax")
+        new = held_out(seed_calls, "configuration", floor=None, rule="quantile")
+        assert old.false_positives <= 1 and old.false_negatives <= 1  # whatever the data
+        assert new.decided > old.decided  # the old rule leaves the whole overlap UNDECIDED
+        assert new.false_positives / new.negatives <= TARGET + 1 / new.negatives
+        assert new.false_negatives / new.positives <= TARGET + 1 / new.positives
+    shifted = held_out(calls, "corpus", floor=None, where=lambda c: c.corpus == "b")
+    assert shifted.false_positives / shifted.negatives > 2 * TARGET  # thresholds from corpus a do not transfer
 
 
 def _call(config, score, truth, cls="real", corpus="a", scale="s", dim=16):
@@ -55,15 +128,17 @@ def test_held_out_rates_count_errors_coverage_and_classes():
     calls = [_call("p1", 20.0, True), _call("p2", 30.0, True), _call("p3", 4.0, True),
              _call("n1", 0.0, False, "iid"), _call("n2", 1.0, False, "iid"), _call("n3", 25.0, False, "frozen"),
              _call("u1", 50.0, None, "slow")]
-    r = held_out(calls, "configuration").to_dict()
+    r = held_out(calls, "configuration", rule="minmax").to_dict()
     # n3 held out: the others separate (negatives <= 1, positives >= 4), one cut at max(2.5, floor 3.58); n3 scores
     # 25 -> a false positive. p3 held out: negatives reach 25 (n3), positives start at 20 -> UNDECIDED in [20, 25];
     # p3 scores 4 < 20 -> a false negative
     assert r["false_positives"] == 1 and r["fp_by_class"]["frozen"] == [1, 1] and r["fp_by_class"]["iid"] == [0, 2]
-    assert r["false_negatives"] == 1 and r["calls"] == 6 and r["truth_undecided"] == 1
-    assert r["positive_by_class"]["slow"][1] == 1 and r["wrong_configurations"] == 2
+    assert r["false_negatives"] == 1 and r["configurations"] == r["calls"] == 6 and r["truth_undecided"] == 1
+    assert r["positive_by_class"]["slow"][1] == 1 and r["unit"] == "configuration"
     assert 0 < r["coverage"] <= 1 and r["wrong_upper"] > r["wrong"] / r["decided"]
     assert r["auroc"] == pytest.approx(held_out(calls, "corpus").auroc)  # the statistic's, not the threshold's
+    # three positive and three negative configurations are too few for the quantile rule's 5%: nothing is decided
+    assert held_out(calls, "configuration").decided == 0
 
 
 def test_held_out_by_dp_fits_on_the_other_table_widths():
@@ -71,12 +146,59 @@ def test_held_out_by_dp_fits_on_the_other_table_widths():
     # judged with dP 16's cut ((1 + 20) / 2 = 10.5): its positive is missed.
     calls = [_call("p16a", 20.0, True), _call("p16b", 30.0, True), _call("n16", 1.0, False, "iid"),
              _call("p8", 2.0, True, dim=8), _call("n8", 0.0, False, "iid", dim=8)]
-    by_dp = held_out(calls, "dP").to_dict()
+    by_dp = held_out(calls, "dP", rule="minmax").to_dict()
     assert by_dp["false_negatives"] == 1 and by_dp["false_positives"] == 0 and by_dp["calls"] == 5
     # dP 16 held out: dP 8's calls alone (positive 2, negative 0) put the cut at the null floor, 3.58
-    assert held_out(calls, "dP", where=lambda c: c.dim == 16).to_dict()["decided"] == 3
-    only8 = held_out(calls, "dP", where=lambda c: c.dim == 8).to_dict()
+    assert held_out(calls, "dP", where=lambda c: c.dim == 16, rule="minmax").to_dict()["decided"] == 3
+    only8 = held_out(calls, "dP", where=lambda c: c.dim == 8, rule="minmax").to_dict()
     assert only8["calls"] == 2 and only8["false_negatives"] == 1
+
+
+def test_a_configuration_is_one_unit_counted_by_majority():
+    def unit(truths, predictions, cls="real"):
+        calls = [_call("c", float(i), t, cls) for i, t in enumerate(truths)]
+        return unit_of(("r", "c"), cls, list(zip(calls, predictions)), lambda c: c.score)
+
+    all_wrong = unit([True] * 4, [False] * 4)  # four seeds, one configuration: one error, not four
+    one_wrong = unit([True] * 4, [True, True, True, False])
+    split = unit([True] * 4, [True, False, None, None])  # half decided (decided), half of those wrong (wrong)
+    mostly_open = unit([True] * 4, [False, None, None, None])  # UNDECIDED by majority: not in the denominator
+    tied_truth = unit([True, False, None], [True, True, True])
+    assert (all_wrong.decided, all_wrong.wrong) == (True, True)
+    assert (one_wrong.decided, one_wrong.wrong) == (True, False)
+    assert (split.decided, split.wrong) == (True, True) and (mostly_open.decided, mostly_open.wrong) == (False, False)
+    assert tied_truth.truth is None and tied_truth.positive
+    r = rates([all_wrong, one_wrong, split, mostly_open, tied_truth])
+    assert (r.configurations, r.decided, r.wrong, r.false_negatives, r.truth_undecided) == (4, 3, 2, 2, 1)
+    assert r.calls == 16 and r.to_dict()["wrong_upper"] == upper_bound(2, 3)
+    assert r.positive_by_class["real"] == [2, 5]  # one_wrong (3 of 4) and tied_truth (3 of 3) called positive
+
+
+def test_correlated_calls_are_bounded_per_configuration():
+    """Forty configurations, four seeds each, their calls identical within a configuration (perfectly correlated):
+    the bound is the one of configurations, not of 4x as many calls, which would be tighter than the data allow."""
+    rng = np.random.default_rng(2)
+    calls = []
+    for i in range(20):
+        for truth, mean in ((False, 0.0), (True, 9.0)):
+            z = rng.normal(mean, 3.0)
+            calls += [_call(f"{truth}{i}", z, truth, "real" if truth else "iid") for _ in range(4)]
+    r = held_out(calls, "configuration").to_dict()
+    assert r["calls"] == 160 and r["configurations"] == 40 and 0 < r["decided"] <= 40
+    assert r["wrong_upper"] == upper_bound(r["wrong"], r["decided"])
+    assert r["wrong_upper"] > upper_bound(4 * r["wrong"], 4 * r["decided"])  # what counting calls would claim
+    assert r["negatives"] == r["positives"] == 20 and r["fp_by_class"]["iid"][1] == 20
+
+
+def test_earliest_needs_coverage_and_names_its_looks():
+    def point(fraction, wrong_upper, coverage, decided=10):
+        return {"fraction": fraction, "wrong_upper": wrong_upper, "coverage": coverage, "decided": decided}
+
+    curve = [point(0.125, 0.04, 0.2), point(0.25, 0.3, 0.9), point(0.375, 0.08, 0.5), point(0.5, 0.03, 0.7)]
+    first = earliest(curve, 0.10)
+    assert first["fraction"] == 0.375 and first["looks"] == 3 and first["of"] == 4 and first["coverage_floor"] == 0.5
+    assert earliest(curve, 0.05)["looks"] == 4  # 0.125's bound is lower, but it decides only 20%
+    assert earliest(curve, 0.01) is None and earliest([point(0.125, 0.0, 1.0, decided=0)], 0.1) is None
 
 
 def test_truths_from_held_out_seeds():
@@ -138,6 +260,7 @@ def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
         if c["call"] == "LEARNED" and c["cls"] in ("frozen", "gate0"):
             assert c["score"] == 0.0 and c["truth"] is False
         assert math.isfinite(c["score"])
+    report = (quick / "report.md").read_text()
     points = result["curves"]["LEARNED"]["configuration"]
     assert [p["fraction"] for p in points] == [k / 8 for k in range(1, 9)]
     assert points[0]["tokens"] == 16 * 8 * 64 and points[-1]["tokens_per_row"] == pytest.approx(128 * 8 * 64 / 512)
@@ -147,12 +270,26 @@ def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
             assert hits == 0 and n > 0
     for name in ("early paired Δ", "early loss slope"):
         assert len(result["baselines"][name]["configuration"]) == 8
-    assert result["thresholds"]["LEARNED"] and result["thresholds"]["USED"]  # both truths occur: fitted
-    report = (quick / "report.md").read_text()
+    # every count is over configurations; 8 of them are too few for the quantile rule's 5% target: no threshold,
+    # said why, nothing decided, no earliest point — while the old min/max rule is compared on the same folds
+    assert result["threshold_rule"] == {"rule": "quantile", "target": 0.05, "unit": "configuration",
+                                        "coverage_floor": 0.5}
+    assert result["thresholds"] == {"LEARNED": [], "USED": [], "BENEFIT": []}
+    assert "LEARNED: no threshold at any decision point: the quantile rule at a 5% target per side needs >= 19" \
+        in report
+    assert all(p["decided"] == 0 and p["configurations"] + p["truth_undecided"] == 8 for p in points)
+    assert result["earliest"]["LEARNED"]["goal"] is None and "none of the 8 decision points" in report
+    rules = result["rules"]["LEARNED"]
+    assert len(rules) == 8 and all(r["quantile"]["decided"] == 0 and r["minmax"]["configurations"] == 8 for r in rules)
+    assert "Threshold rules on the same folds" in report and "configs (calls)" in report
+    rel = result["reliability"]["USED"]["h32-embedded"]
+    assert rel["unit"] == "configuration" and set(rel["schemes"]) == {"configuration", "dP"}
+    assert len(rel["schemes"]["dP"]) == 8 and rel["schemes"]["dP"][0]["configurations"] <= 8
     assert "pipeline check" in report and "Baseline for BENEFIT: early paired Δ" in report
     assert "leave-one-corpus-out needs >= 2" in report
     assert "LEARNED: held out by dP" in report and len(result["curves"]["BENEFIT"]["dP"]) == 8  # dP 4 and 16
-    assert "i.i.d.-id tables called positive (held out by configuration, all decision points): LEARNED 0 of" in report
+    assert ("i.i.d.-id configurations called positive (held out by configuration, all decision points): LEARNED 0 "
+            "of") in report
     # LEARNED per frequency stratum: each half of the rows against its own null, thresholds fitted per stratum
     assert b["windows"] == 64 and result["planted"] is None
     learned = [c for c in calls if c["call"] == "LEARNED"]

@@ -8,17 +8,22 @@ the quick benchmark never does.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
 from plelab.calibration.benchmark import DECISIONS, QUICK, SCALES, USE_WINDOWS, Benchmark, run_benchmark
 from plelab.calibration.evaluate import (
+    COVERAGE_FLOOR,
     GOAL,
     SCHEMES,
     STRETCH,
+    TARGET,
     earliest,
     fractions,
     held_out,
+    majority,
+    rule_comparison,
     shipped_thresholds,
     time_curve,
 )
@@ -33,6 +38,9 @@ from plelab.provenance import git_commit, versions
 from plelab.sweeps.spec import load_spec
 
 KINDS = ("LEARNED", "USED", "BENEFIT")
+RELIABILITY_KEYS = ("configurations", "calls", "decided", "wrong", "wrong_upper", "coverage", "truth_undecided")
+# how the thresholds were fitted and every rate counted (the verdict quotes it; an older calibration.json lacks it)
+THRESHOLD_RULE = {"rule": "quantile", "target": TARGET, "unit": "configuration", "coverage_floor": COVERAGE_FLOOR}
 BASELINES = ("early paired Δ", "early loss slope")
 
 
@@ -57,7 +65,10 @@ def _regime_facts(folder: Path) -> dict:
 
 
 def analyse(calls: list[Call], regimes: list[dict]) -> dict:
-    """Held-out rates, time curves, baselines, the earliest decision points and per-regime reliability."""
+    """Held-out rates, time curves, baselines, the earliest decision points, per-regime reliability under every
+    held-out scheme the benchmark can measure (the verdict quotes held out by corpus, or the worst, saying which)
+    and the two threshold rules on the same folds; every count is over configurations
+    (:mod:`plelab.calibration.evaluate`)."""
     curves: dict = {}
     notes = []
     for kind in KINDS:
@@ -73,26 +84,49 @@ def analyse(calls: list[Call], regimes: list[dict]) -> dict:
                         for s in curves["BENEFIT"]} for name in BASELINES}
     first = {kind: {"goal": earliest(curves[kind].get("configuration", []), GOAL),
                     "stretch": earliest(curves[kind].get("configuration", []), STRETCH)} for kind in KINDS}
+    looks = {kind: len(curves[kind].get("configuration", [])) for kind in KINDS}
     reliability: dict = {}
     for kind in KINDS:
         mine = [c for c in calls if c.call == kind]
         for reg in regimes:
-            rows = []
-            for f in fractions(mine):
-                at = [c for c in mine if c.fraction == f]
-                r = held_out(at, "configuration", where=lambda c, n=reg["name"]: c.regime == n).to_dict()
-                rows.append({"fraction": f, **{k: r[k] for k in ("calls", "decided", "wrong", "wrong_upper",
-                                                                   "coverage", "configurations")}})
-            reliability.setdefault(kind, {})[reg["name"]] = rows
+            schemes = {}
+            for scheme in curves[kind]:
+                rows = []
+                for f in fractions(mine):
+                    at = [c for c in mine if c.fraction == f]
+                    r = held_out(at, scheme, where=lambda c, n=reg["name"]: c.regime == n).to_dict()
+                    rows.append({"fraction": f, **{k: r[k] for k in RELIABILITY_KEYS}})
+                schemes[scheme] = rows
+            reliability.setdefault(kind, {})[reg["name"]] = {"unit": "configuration", "schemes": schemes}
     strata = {}
     for name in STRATA:
         mine = [c for c in calls if c.call == "LEARNED" and name in c.strata]
         if len({c.config for c in mine}) > 1:
             curve = time_curve(mine, "LEARNED", "configuration", lambda c, n=name: c.strata[n])
             strata[name] = {"curve": curve, "goal": earliest(curve, GOAL), "stretch": earliest(curve, STRETCH)}
-    return {"curves": curves, "baselines": baselines, "earliest": first, "reliability": reliability,
-            "thresholds": shipped_thresholds(calls), "strata": strata, "planted": planted_check(calls),
-            "notes": notes}
+    thresholds = shipped_thresholds(calls)
+    notes += _unfitted(calls, thresholds)
+    return {"curves": curves, "baselines": baselines, "earliest": first, "looks": looks, "reliability": reliability,
+            "thresholds": thresholds, "threshold_rule": THRESHOLD_RULE,
+            "rules": {kind: rule_comparison(calls, kind) for kind in KINDS}, "strata": strata,
+            "planted": planted_check(calls), "notes": notes}
+
+
+def _unfitted(calls: list[Call], thresholds: dict) -> list[str]:
+    """Why a call kind has no threshold at any decision point: too few configurations of a truth for the rule."""
+    out = []
+    for kind in KINDS:
+        if thresholds[kind]:
+            continue
+        truths: dict[tuple, list[bool]] = {}
+        for c in calls:
+            if c.call == kind and c.truth is not None and c.fraction == 1.0:
+                truths.setdefault((c.regime, c.config), []).append(c.truth)
+        units = [majority(t) for t in truths.values()]
+        out.append(f"{kind}: no threshold at any decision point: the quantile rule at a {TARGET:.0%} target per side "
+                   f"needs >= {math.ceil(1 / TARGET) - 1} configurations of a truth to call it (this benchmark has "
+                   f"{units.count(False)} negative and {units.count(True)} positive at the run's end)")
+    return out
 
 
 def planted_check(calls: list[Call]) -> dict | None:
@@ -160,7 +194,8 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
     write_json(root / "calibration.json", result)
     atomic_write(root / "report.md", lambda p: p.write_text(calibration_text(result, markdown=True)))
     if write_thresholds:
-        write_json(SHIPPED, {k: result[k] for k in ("benchmark", "regimes", "thresholds", "reliability")})
+        write_json(SHIPPED, {k: result[k] for k in ("benchmark", "regimes", "thresholds", "threshold_rule",
+                                                     "reliability")})
     return result
 
 

@@ -1,5 +1,7 @@
 """The calibration's numbers as text: the benchmark's size, each call's held-out error rates with bounds and
-coverage over the decision points, the baselines BENEFIT must beat, and whether it beats them."""
+coverage over the decision points — every count over configurations, the unit
+(:mod:`plelab.calibration.evaluate`) —, the two threshold rules side by side, the baselines BENEFIT must beat, and
+whether it beats them."""
 
 from __future__ import annotations
 
@@ -10,15 +12,17 @@ def _pct(x: float | None) -> str:
 
 def _row(p: dict) -> list[str]:
     auc = "—" if p["auroc"] is None else f"{p['auroc']:.3f}"
-    return [f"{p['fraction']:.3f}", f"{p['tokens']:,}", f"{p['tokens_per_row']:.0f}", f"{p['calls']}",
-            _pct(p["coverage"]), f"{p['false_positives']}/{p['negatives']} (≤{_pct(p['fp_upper'])})",
+    return [f"{p['fraction']:.3f}", f"{p['tokens']:,}", f"{p['tokens_per_row']:.0f}",
+            f"{p['configurations']} ({p['calls']})", f"{p['decided']} ({_pct(p['coverage'])})",
+            f"{p['false_positives']}/{p['negatives']} (≤{_pct(p['fp_upper'])})",
             f"{p['false_negatives']}/{p['positives']} (≤{_pct(p['fn_upper'])})",
-            f"{p['wrong']}/{p['decided']} (≤{_pct(p['wrong_upper'])})",
-            f"{p['wrong_configurations']}/{p['configurations']}", f"{p['truth_undecided']}", auc]
+            f"{p['wrong']}/{p['decided']} (≤{_pct(p['wrong_upper'])})", f"{p['truth_undecided']}", auc]
 
 
-HEAD = ["fraction", "tokens", "tokens/row", "calls", "coverage", "false pos. (95% ub)", "false neg. (95% ub)",
-        "wrong of decided (95% ub)", "configs wrong", "truth open", "AUROC"]
+HEAD = ["fraction", "tokens", "tokens/row", "configs (calls)", "decided (coverage)", "false pos. (95% ub)",
+        "false neg. (95% ub)", "wrong of decided (95% ub)", "truth open", "AUROC"]
+UNIT = ("Every count below is of configurations (a regime's arm at one decision point; its seeds' calls counted once, "
+        "by majority, ties against the verdict); calls in brackets are for information, never a denominator.")
 
 
 def _table(points: list[dict], markdown: bool) -> list[str]:
@@ -36,7 +40,7 @@ def _mean(xs: list[float]) -> float:
 
 def _beats(result: dict) -> list[str]:
     """Does the verdict's BENEFIT call beat each baseline, decision point by decision point (held out by
-    configuration)? Better = fewer wrong calls at no less coverage, or more coverage at no more wrong calls."""
+    configuration)? Better = fewer wrong configurations at no less coverage, or more coverage at no more wrong."""
     mine = result["curves"]["BENEFIT"].get("configuration", [])
     out = []
     for name, curves in result["baselines"].items():
@@ -62,12 +66,28 @@ def _beats(result: dict) -> list[str]:
     return out
 
 
-def _earliest(what: str, level: str, p: dict | None) -> str:
+def _earliest(what: str, level: str, p: dict | None, looks: int) -> str:
     bound = {"goal": "10%", "stretch": "5%"}[level]
-    return (f"{what}: earliest decision point with ≤ {bound} wrong calls (95% upper bound, held out by "
-            "configuration): " + ("none in this benchmark" if p is None else
-                                  f"{p['fraction']:.3f} of the run ({p['tokens']:,} tokens, {p['tokens_per_row']:.0f} "
-                                  f"per table row), coverage {_pct(p['coverage'])}"))
+    head = (f"{what}: earliest decision point with ≤ {bound} wrong configurations (95% upper bound, held out by "
+            f"configuration) deciding ≥ 50% of them: ")
+    if p is None:
+        return head + f"none of the {looks} decision points"
+    return head + (f"{p['fraction']:.3f} of the run ({p['tokens']:,} tokens, {p['tokens_per_row']:.0f} per table row), "
+                   f"coverage {_pct(p['coverage'])}; found at look {p['looks']} of {p['of']} at the same runs (the "
+                   "first that qualifies; no correction for the looks)")
+
+
+def _rules(result: dict, markdown: bool) -> list[str]:
+    """The shipped threshold rule beside the old min/max rule, on the same folds (held out by configuration)."""
+    rule = result.get("threshold_rule") or {}
+    out = [("## " if markdown else "") + f"Threshold rules on the same folds (held out by configuration): quantile "
+           f"(target {_pct(rule.get('target'))} per side) vs the old min/max", ""]
+    for kind, rows in (result.get("rules") or {}).items():
+        cells = [f"{r['fraction']:.3f}: " + ", ".join(
+            f"{name} {r[name]['wrong']}/{r[name]['decided']} wrong of {r[name]['configurations']}"
+            for name in ("quantile", "minmax")) for r in rows]
+        out.append(f"{kind} — " + "; ".join(cells))
+    return [*out, ""]
 
 
 def _strata(result: dict, markdown: bool) -> list[str]:
@@ -76,8 +96,8 @@ def _strata(result: dict, markdown: bool) -> list[str]:
     for name, st in (result.get("strata") or {}).items():
         out += [("## " if markdown else "") + f"LEARNED on the {name} half of the rows only (its own null and "
                 "thresholds; held out by configuration)", "", *_table(st["curve"], markdown), "",
-                _earliest(f"LEARNED ({name} rows)", "goal", st["goal"]),
-                _earliest(f"LEARNED ({name} rows)", "stretch", st["stretch"]), ""]
+                _earliest(f"LEARNED ({name} rows)", "goal", st["goal"], len(st["curve"])),
+                _earliest(f"LEARNED ({name} rows)", "stretch", st["stretch"], len(st["curve"])), ""]
     return out
 
 
@@ -103,19 +123,21 @@ def calibration_text(result: dict, markdown: bool = False) -> str:
              f"Command: `{b['command']}`",
              "Scored calls have a truth the finished runs decide; 'truth open' calls (the held-out seeds' finals "
              "decide neither way) are counted and never scored.", ""]
+    lines += [UNIT, ""]
     if b["quick"]:
         lines += ["A pipeline check on a tiny benchmark: its rates are not the verdict's reliability.", ""]
     for kind, schemes in result["curves"].items():
         for scheme, points in schemes.items():
             lines += [("## " if markdown else "") + f"{kind}: held out by {scheme}", "", *_table(points, markdown), ""]
         if kind in result["earliest"]:
-            lines += [_earliest(kind, level, p) for level, p in result["earliest"][kind].items()]
+            looks = result.get("looks", {}).get(kind, 0)
+            lines += [_earliest(kind, level, p, looks) for level, p in result["earliest"][kind].items()]
         lines.append("")
     for name, schemes in result["baselines"].items():
         if "configuration" in schemes:
             lines += [("## " if markdown else "") + f"Baseline for BENEFIT: {name} (held out by configuration)", "",
                       *_table(schemes["configuration"], markdown), ""]
-    lines += [*_strata(result, markdown), *_planted(result)]
+    lines += [*_rules(result, markdown), *_strata(result, markdown), *_planted(result)]
     lines += _beats(result)
     iid = []
     for kind, schemes in result["curves"].items():
@@ -123,6 +145,7 @@ def calibration_text(result: dict, markdown: bool = False) -> str:
         hits = sum(p["positive_by_class"].get("iid", [0, 0])[0] for p in pts)
         total = sum(p["positive_by_class"].get("iid", [0, 0])[1] for p in pts)
         iid.append(f"{kind} {hits} of {total}")
-    lines.append("i.i.d.-id tables called positive (held out by configuration, all decision points): " + ", ".join(iid))
+    lines.append("i.i.d.-id configurations called positive (held out by configuration, all decision points): "
+                 + ", ".join(iid))
     lines += ["", *result["notes"]]
     return "\n".join(lines).rstrip() + "\n"
