@@ -4,6 +4,11 @@ For a plelab run or checkpoint everything is available: W_t (the checkpoint), W_
 exactly from the run's seed), how often each row was looked up (the sampler replayed), the
 model and the validation split (for the use test). For a bare safetensors file only the W_t
 metrics and their nulls can be computed, and the report says so.
+
+Only the whole-table calls are calibrated: each layer's are printed UNCALIBRATED with their statistics
+(:func:`plelab.diagnostics.verdict.layer_verdict`). The reliability lines quote the benchmark's error rates counted
+by configuration, held out by corpus (or the worst scheme, named), with coverage — or say why the model is outside
+the calibrated range (:func:`plelab.diagnostics.verdict.range_status`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from plelab.diagnostics.structure import (
 )
 from plelab.diagnostics.tables import TableSource, find_table
 from plelab.diagnostics.usage import use_metrics
-from plelab.diagnostics.verdict import calibrated_windows, verdict, verdict_reliability
+from plelab.diagnostics.verdict import calibrated_windows, layer_verdict, verdict, verdict_reliability
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
 from plelab.model.ple import IIDTableIds
@@ -175,7 +180,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
                                    "STRUCTURE nor USE can be decided (a Gaussian table already has erank ≈ d and "
                                    "mean cos ≈ 0): add --reference, and --data with --tokenizer")
         report = foreign_report(report, source, reference, init, reference_init, foreign_use)
-        report["reliability"] = verdict_reliability(None, source.rows, dP, None, None)
+        report["reliability"] = verdict_reliability(None, source.rows, dP, None, None, layers=L)
         return report
 
     run = table_of(source)
@@ -250,8 +255,8 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         cs = layer.get("cross_seed", {})
         perm = use_layers.get(i, {}).get("permute")
         layer["use"] = use_layers.get(i)
-        layer["verdict"] = verdict(cs.get("cka"), cs.get("null_mean"), cs.get("null_sd"),
-                                   delta=perm and perm["delta"], se=perm and perm["se"], fraction=fraction).to_dict()
+        layer["verdict"] = layer_verdict(cs.get("cka"), cs.get("null_mean"), cs.get("null_sd"),
+                                         delta=perm and perm["delta"], se=perm and perm["se"], layers=L).to_dict()
     perm = (use_table or {}).get("permute")
     reset = (use_table or {}).get("reset")
     extra = [f"reset-to-init costs {reset['delta']:+.4f}±{reset['se']:.4f} nats"] if reset else []
@@ -262,5 +267,5 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
                                           extra=extra, fraction=fraction).to_dict()}
     report["reliability"] = verdict_reliability(cfg.model.hidden_size if cfg is not None else run.hidden_size,
                                                 source.rows, dP, fraction, float(run.counts.sum()) / source.rows,
-                                                windows=perm and perm.get("windows"))
+                                                windows=perm and perm.get("windows"), layers=L)
     return report

@@ -28,7 +28,7 @@ from torch import nn
 from plelab.diagnostics.agreement import cka_against_null, cka_with_null
 from plelab.diagnostics.tables import TableSource, find_table
 from plelab.diagnostics.usage import use_metrics
-from plelab.diagnostics.verdict import UNDECIDED, Verdict, structure_verdict, verdict
+from plelab.diagnostics.verdict import UNDECIDED, Verdict, layer_verdict, structure_verdict, verdict
 from plelab.errors import PlelabError
 
 
@@ -145,8 +145,9 @@ def foreign_report(report: dict, source: TableSource, reference, init, reference
             layer["cross_seed"] = cs
         perm = use_layers.get(i, {}).get("permute")
         layer["use"] = use_layers.get(i)
-        layer["verdict"] = verdict(cs.get("cka"), cs.get("null_mean"), cs.get("null_sd"),
-                                   delta=perm and perm["delta"], se=perm and perm["se"]).to_dict()
+        layer["verdict"] = layer_verdict(cs.get("cka"), cs.get("null_mean"), cs.get("null_sd"),
+                                         delta=perm and perm["delta"], se=perm and perm["se"],
+                                         layers=len(report["layers"])).to_dict()
     reasons = []
     structure = UNDECIDED
     if agreement is not None:

@@ -19,8 +19,12 @@ Each call is positive when z > hi, negative when z < lo, UNDECIDED between. ``hi
 ``plelab calibrate --write-thresholds`` on a labelled benchmark (planted negatives: i.i.d. ids, a frozen table, a
 gate held at 0; positives: real ids, weak ones among them) at each decision point (fraction of the run), and shipped
 in ``calibration.json`` beside this file with their held-out error rates; ``hi`` is never below the null's
-1-in-1,000 quantile (:data:`plelab.calibration.evaluate.NULL_FLOOR`). :func:`verdict_reliability` says how often a call
-was wrong in the nearest benchmark regime, or that a model is outside the calibrated range.
+1-in-1,000 quantile (:data:`plelab.calibration.evaluate.NULL_FLOOR`); a side written as null is never called.
+:func:`verdict_reliability` says how often a call was wrong in the nearest benchmark regime — counted by
+configuration, held out by corpus (or the worst scheme, named), with coverage — or that the model is outside the
+calibrated range (:func:`range_status`: inside only within the benchmark's measured span on every axis, no widening
+factor). A calibration.json that counted calls (written before issue 51) is said to be "not measured per
+configuration". Per-layer calls are printed UNCALIBRATED (:func:`layer_verdict`).
 DELTA_USE (0.005 nats, a fifth of the seed's dP=256 gain) is the declared smallest reliance of interest: the
 benchmark's truth for USED, and the visual study's equivalence margin; no call is thresholded on it.
 """
@@ -30,7 +34,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from plelab.errors import PlelabError
@@ -43,6 +47,7 @@ USED, UNUSED = "USED", "UNUSED"
 
 DELTA_USE = 0.005  # nats: the smallest reliance of interest (a declared margin, not a fitted threshold)
 BENEFIT, NO_BENEFIT = "BENEFIT", "NO BENEFIT"
+UNCALIBRATED = "UNCALIBRATED"  # a per-layer call: no threshold was fitted or error rate measured for it
 
 
 @functools.cache
@@ -68,13 +73,15 @@ def calibrated_windows() -> int:
 
 def thresholds(kind: str, fraction: float | None = None) -> tuple[float, float, float] | None:
     """``(lo, hi, fraction)`` of call ``kind`` at the calibrated decision point nearest ``fraction`` of the run
-    (None: the run's end); None when the benchmark could not fit it (no truly positive or negative call)."""
+    (None: the run's end); None when the benchmark could not fit it (no truly positive or negative call). A side the
+    benchmark had too few configurations to call (written as null) is ±inf: never called."""
     rows = calibration()["thresholds"][kind]
     if not rows:
         return None
     f = 1.0 if fraction is None else fraction
     row = min(rows, key=lambda r: (abs(r["fraction"] - f), -r["fraction"]))
-    return row["lo"], row["hi"], row["fraction"]
+    lo = -math.inf if row["lo"] is None else row["lo"]
+    return lo, math.inf if row["hi"] is None else row["hi"], row["fraction"]
 
 
 def _call(z: float, kind: str, fraction: float | None, yes: str, no: str) -> tuple[str, str]:
@@ -83,7 +90,8 @@ def _call(z: float, kind: str, fraction: float | None, yes: str, no: str) -> tup
         return UNDECIDED, f"z {z:.1f} (not calibrated: the benchmark had no call of both truths to fit {yes} on)"
     lo, hi, at = th
     word = yes if z > hi else no if z < lo else UNDECIDED
-    cut = f"> {hi:.2f}" if lo == hi else f"> {hi:.2f} / < {lo:.2f}"
+    up = f"> {hi:.2f}" if math.isfinite(hi) else "never"
+    cut = up if lo == hi else f"{up} / {no} " + (f"< {lo:.2f}" if math.isfinite(lo) else "never")
     return word, f"z {z:.1f} ({yes} {cut}, calibrated at {at:.3f} of a run)"
 
 
@@ -150,50 +158,172 @@ def verdict(cka=None, null_mean=None, null_sd=None, null_run_cka=None, delta=Non
     return Verdict(structure=s, use=u, reasons=[s_reason, u_reason, b_reason, *(extra or [])], benefit=b)
 
 
-# How far a model may sit from every benchmark regime (a factor either way) and still be "near" one.
-RANGE_FACTOR = {"hidden size": 2.0, "table rows": 4.0, "dP": 2.0, "tokens per row": 2.0}
+def layer_verdict(cka=None, null_mean=None, null_sd=None, delta=None, se=None, layers: int = 1) -> Verdict:
+    """One layer's calls, printed as UNCALIBRATED: the thresholds and their error rates were measured on whole-table
+    calls, and ``layers`` per-layer calls are that many chances to cross a threshold (no multiplicity control).
+    The reasons keep the layer's statistics (z in null units) for reading beside the whole-table verdict."""
+    parts = []
+    if cka is None or null_mean is None:
+        parts.append("no cross-seed comparison")
+    else:
+        z = (cka - null_mean) / null_sd if null_sd and null_sd > 0 else 0.0
+        parts.append(f"cross-seed CKA of Δ {cka:.3f} vs null {null_mean:.3f} (z {z:.1f})")
+    parts.append("use test not run" if delta is None else f"permute costs {delta:+.4f}±{se:.4f} nats "
+                 f"(z {use_z(delta, se):.1f})")
+    why = (f"uncalibrated: the thresholds were fitted on whole-table calls and {layers} layers are {layers} chances to "
+           "cross one (no multiplicity control); read the whole-table verdict")
+    return Verdict(UNCALIBRATED, UNCALIBRATED, [*parts, why], UNCALIBRATED)
+
+
+# The axes a benchmark spans, each read off calibration.json's regimes (the windows and decision points off the
+# benchmark, thresholds and rates). A span the file lacks is "not measured": every value is outside it.
+AXES = ("H", "layers", "table rows", "dP", "tokens per row", "use-test windows", "position in the run")
+
+
+def _span(values) -> tuple[float, float] | None:
+    try:
+        xs = [float(v) for v in values]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (min(xs), max(xs)) if xs and all(math.isfinite(x) for x in xs) else None
+
+
+def benchmark_spans(cal: dict | None = None) -> dict[str, tuple[float, float] | None]:
+    """The benchmark's measured (min, max) on every axis of :data:`AXES` (None: the file does not record it)."""
+    cal = calibration() if cal is None else cal
+    regs = cal.get("regimes") or []
+
+    def each(key):
+        return (r[key] for r in regs)
+
+    def flat(key):
+        return (x for r in regs for x in r[key])
+
+    windows = cal.get("benchmark", {}).get("windows")
+    fractions = [r["fraction"] for rows in (cal.get("thresholds") or {}).values() for r in rows]
+    for by_regime in (cal.get("reliability") or {}).values():
+        for rel in by_regime.values():  # a list of points (an older file) or {"schemes": {scheme: points}}
+            groups = rel["schemes"].values() if isinstance(rel, dict) else [rel]
+            fractions += [q["fraction"] for points in groups for q in points]
+    return {"H": _span(each("hidden_size")), "layers": _span(each("layers")), "table rows": _span(each("rows")),
+            "dP": _span(flat("dims")), "tokens per row": _span(flat("tokens_per_row")),
+            "use-test windows": _span([r.get("windows", windows) for r in regs] if regs else []),
+            "position in the run": _span(fractions)}
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if x >= 10 or x == int(x) else f"{x:.3g}"
+
+
+@dataclass
+class AxisStatus:
+    """One axis of :func:`range_status`: the model's value, the benchmark's span, and whether it lies inside
+    (None: not applicable — no use test ran, so no USED or BENEFIT call rests on the window count)."""
+
+    axis: str
+    value: float | None
+    span: tuple[float, float] | None
+    inside: bool | None
+
+    def text(self) -> str:
+        value = "unknown" if self.value is None else _num(self.value)
+        span = "not measured by the benchmark" if self.span is None else (
+            _num(self.span[0]) if self.span[0] == self.span[1] else f"{_num(self.span[0])}–{_num(self.span[1])}")
+        return f"{self.axis}: {value} vs {span}"
+
+
+@dataclass
+class RangeStatus:
+    """Where a model sits against the benchmark on every axis; ``inside`` only when no axis is outside."""
+
+    axes: list[AxisStatus] = field(default_factory=list)
+
+    @property
+    def inside(self) -> bool:
+        return all(a.inside is not False for a in self.axes)
+
+    @property
+    def outside(self) -> list[AxisStatus]:
+        return [a for a in self.axes if a.inside is False]
+
+    def line(self) -> str:
+        if self.inside:
+            return "inside the calibrated range (" + "; ".join(a.text() for a in self.axes if a.inside) + ")"
+        return "outside the calibrated range (" + "; ".join(a.text() for a in self.outside) + ")"
+
+    def to_dict(self) -> dict:
+        return {"inside": self.inside, "line": self.line(), "axes": [asdict(a) for a in self.axes]}
+
+
+def range_status(*, hidden_size: float | None, layers: float | None, rows: float | None, dim: float | None,
+                 tokens_per_row: float | None, windows: float | None, fraction: float | None,
+                 cal: dict | None = None) -> RangeStatus:
+    """Is a model (and the checkpoint a call reads) inside the benchmark's measured span on every axis — hidden
+    size, layers, table rows, dP, tokens per table row, the use test's validation windows and the position in the
+    run? No widening factor: no validation has measured how far the thresholds transfer. An unknown value (None)
+    is outside, except ``windows`` (None: no use test ran, the axis does not apply). ``cal``: a calibration dict
+    (default: the shipped one), for a study's own benchmark."""
+    spans = benchmark_spans(cal)
+    values = {"H": hidden_size, "layers": layers, "table rows": rows, "dP": dim, "tokens per row": tokens_per_row,
+              "use-test windows": windows, "position in the run": fraction}
+    axes = []
+    for axis in AXES:
+        value, span = values[axis], spans[axis]
+        if value is None and axis == "use-test windows":
+            axes.append(AxisStatus(axis, None, span, None))
+            continue
+        inside = value is not None and span is not None and span[0] <= float(value) <= span[1]
+        axes.append(AxisStatus(axis, None if value is None else float(value), span, inside))
+    return RangeStatus(axes)
+
+
+def _point_text(scheme: str, p: dict) -> str:
+    return (f"held out by {scheme}: wrong in {p['wrong']} of {p['decided']} decided configurations (95% upper bound "
+            f"{100 * p['wrong_upper']:.0f}%), {p['decided']} of {p['configurations']} configurations decided "
+            f"({100 * p['coverage']:.0f}% coverage)")
+
+
+def _regime_reliability(name: str, rel, fraction: float) -> tuple[float, str] | None:
+    """One regime's line part: held out by corpus, and the worst scheme when another is worse (None: the file
+    counted calls, not configurations)."""
+    if not isinstance(rel, dict) or rel.get("unit") != "configuration":
+        return None
+    points = {s: min(rows, key=lambda q: abs(q["fraction"] - fraction)) for s, rows in rel["schemes"].items() if rows}
+    if not points:
+        return None
+    worst = max(points, key=lambda s: (points[s]["wrong_upper"], s == "corpus"))
+    at = points[worst]["fraction"]
+    if "corpus" not in points:
+        return at, (f"{name}: held out by corpus not measured (the benchmark has one corpus); the worst scheme "
+                    f"measured, {_point_text(worst, points[worst])}")
+    text = f"{name}: {_point_text('corpus', points['corpus'])}"
+    if worst != "corpus":
+        text += f"; the worst scheme, {_point_text(worst, points[worst])}"
+    return at, text
 
 
 def verdict_reliability(hidden_size: int | None, rows: int | None, dim: int | None, fraction: float | None,
-                        tokens_per_row: float | None, windows: int | None = None) -> list[str]:
-    """How often each call was wrong, held out by configuration, in the benchmark regimes nearest this model, at
-    the decision point nearest ``fraction``; or why the model is outside the calibrated range (then the rates do
-    not apply). Unknown facts (None) put a model outside: a checkpoint plelab did not train has no run length.
-    ``windows``: the use test's validation windows, when known; a count other than the benchmark's adds a line
-    (a real effect's z grows with √windows, a null table's does not)."""
+                        tokens_per_row: float | None, windows: int | None = None,
+                        layers: int | None = None) -> list[str]:
+    """How often each call was wrong in the benchmark regimes of the nearest hidden size, at the decision point
+    nearest ``fraction``: counted by configuration, held out by corpus (a user's corpus is never in the benchmark)
+    and, when another held-out scheme is worse, that one too, named; with coverage. Or why the model is outside the
+    calibrated range (:func:`range_status`; then the rates do not apply). A calibration that counted calls rather
+    than configurations (the shipped file before issue 51) says its rates were not measured per configuration."""
+    status = range_status(hidden_size=hidden_size, layers=layers, rows=rows, dim=dim, tokens_per_row=tokens_per_row,
+                          windows=windows, fraction=fraction)
+    if not status.inside:
+        return [status.line() + ": the benchmark's error rates do not apply to this verdict"]
     cal = calibration()
     regs = cal["regimes"]
-    spans = {"hidden size": [r["hidden_size"] for r in regs], "table rows": [r["rows"] for r in regs],
-             "dP": [d for r in regs for d in r["dims"]],
-             "tokens per row": [x for r in regs for x in r["tokens_per_row"]]}
-    facts = {"hidden size": hidden_size, "table rows": rows, "dP": dim, "tokens per row": tokens_per_row}
-    outside = []
-    for name, value in facts.items():
-        lo, hi, k = min(spans[name]), max(spans[name]), RANGE_FACTOR[name]
-        if value is None:
-            outside.append(f"{name} unknown")
-        elif not lo / k <= value <= hi * k:
-            outside.append(f"{name} {value:,.0f} (benchmark {lo:,.0f}–{hi:,.0f})")
-    if fraction is None:
-        outside.append("position in the run unknown")
-    if outside:
-        return ["outside the calibrated range (" + "; ".join(outside) + "): the benchmark's error rates do not apply "
-                "to this verdict"]
     near = min(regs, key=lambda r: abs(math.log(r["hidden_size"] / hidden_size)))
     same = [r["name"] for r in regs if r["hidden_size"] == near["hidden_size"]]
     lines = []
     for kind in ("LEARNED", "USED", "BENEFIT"):
-        parts = []
-        for name in same:
-            pts = cal["reliability"][kind][name]
-            p = min(pts, key=lambda q: abs(q["fraction"] - fraction))
-            parts.append(f"{name}: wrong in {p['wrong']} of {p['decided']} decided held-out calls (95% upper bound "
-                         f"{100 * p['wrong_upper']:.0f}%), decided {100 * p['coverage']:.0f}% of {p['calls']}")
-        lines.append(f"{kind} at {p['fraction']:.3f} of a run — " + "; ".join(parts))
-    calibrated = calibrated_windows()
-    if windows is not None and windows != calibrated:
-        more = "more" if windows > calibrated else "less"
-        lines.append(f"the use test ran on {windows} validation windows, the benchmark's on {calibrated}: USED and "
-                     f"BENEFIT decide {more} often than these rates say (a real effect's z grows with √windows; a "
-                     f"null table's does not); use {calibrated} windows for the calibrated rates")
+        parts = [_regime_reliability(name, cal["reliability"][kind].get(name), fraction) for name in same]
+        if any(p is None for p in parts) or not parts:
+            lines.append(f"{kind}: error rate not measured per configuration (this calibration counted each seed's "
+                         "call as independent, and they are not): rerun plelab calibrate --write-thresholds")
+            continue
+        lines.append(f"{kind} at {parts[0][0]:.3f} of a run — " + "; ".join(text for _, text in parts))
     return lines
