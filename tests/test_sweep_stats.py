@@ -437,3 +437,22 @@ def test_fit_ladder_adds_every_rung_but_the_studys_own(tmp_path):
         ladder_specs(FitLadder((40, 160), (2300,), 0.1, seeds=1), tmp_path, "cpu-long-h160", [], (160, 2300))
     with pytest.raises(ConfigError, match="the study's own H = 160, 2300 steps is not one of its cells"):
         ladder_specs(FitLadder((40, 80), (575,), 0.1), tmp_path, "cpu-long-h160", [], (160, 2300))
+
+
+def test_a_study_report_checks_the_calibrated_range_of_its_verdicts():
+    from plelab.reports.sweep import range_blocks
+    from plelab.sweeps.analysis import calibrated_range
+
+    res = _synthetic({"dp0": [5.0, 5.1, 5.2], "dp8": [4.9, 5.0, 5.1]})
+    for run in res.runs["dp8"].values():
+        run.tokens_seen = 100 * 512  # 100 tokens per table row (V = 512), inside the benchmark's 5–320
+    inside = calibrated_range(res, "dp8")
+    assert inside["inside"] is True, inside["line"] and calibrated_range(res, "dp0") is None  # cpu-tiny's H 64 is in the benchmark
+    res.configs["dp8"]["model"]["hidden_size"] = 160  # a width the benchmark never saw
+    outside = calibrated_range(res, "dp8")
+    assert outside["inside"] is False and "H: 160 vs 32–96" in outside["line"]
+    analysis = analyse(res)
+    (row,) = [r for r in analysis["rows"] if r["arm"] == "dp8"]
+    assert row["calibrated_range"]["inside"] is False
+    (_, text), (_, items) = range_blocks(analysis)
+    assert "outside the calibrated range" in text and items[0].startswith("dp8: outside the calibrated range (H: 160")

@@ -110,10 +110,29 @@ def results_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
             "structure (final; disjoint seed pairs)", "use (final; runs)", "SNR", "occurrences / used row (median)"]
     rows = []
     for r in analysis["rows"]:
+        outside = (r.get("calibrated_range") or {}).get("inside") is False and r["use"] != "—"
         rows.append([r["arm"], str(r["dP"]), f"{r['added_params']:,}", f"{r['added_pct']:.2f}%",
                      f"{r['loss_mean']:.4f} ± {fmt(r['loss_sd'])} ({r['n']})", *_cmp_cells(r["vs_baseline"]),
-                     r["structure"], r["use"], fmt(r["snr"], ".2f"), fmt(r["occurrences_median"], ",.0f")])
+                     r["structure"] + (" †" if outside else ""), r["use"] + (" †" if outside else ""),
+                     fmt(r["snr"], ".2f"), fmt(r["occurrences_median"], ",.0f")])
     return head, rows
+
+
+def range_blocks(analysis: dict) -> list[tuple]:
+    """The verdict columns' calibrated range: which arms' final calls sit outside the benchmark's measured span (†),
+    and on which axes — a call outside is not covered by any measured error rate."""
+    lines: dict[str, list[str]] = {}
+    for r in analysis["rows"]:
+        rng = r.get("calibrated_range")
+        if rng and not rng["inside"]:
+            lines.setdefault(rng["line"], []).append(r["arm"])
+    if not lines:
+        inside = [r["arm"] for r in analysis["rows"] if r.get("calibrated_range")]
+        return [("p", f"The structure and use verdicts of {', '.join(inside)} are inside the calibrated range on "
+                      "every axis the benchmark measured.")] if inside else []
+    return [("p", "† The structure and use verdicts marked † are **outside the calibrated range**: no measured error "
+                  "rate covers them (read them as uncalibrated readings)."),
+            ("ul", [f"{', '.join(arms)}: {line}" for line, arms in lines.items()])]
 
 
 def comparison_table(comps: list[dict]) -> tuple[list[str], list[list[str]]]:
@@ -203,6 +222,7 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path], plan
     if analysis.get("sensitivity"):
         out += [("h3", "Labels at other margins (δ-sensitivity)"), ("table", *sensitivity_table(analysis, spec))]
     out += [("h2", "Results in the seed's format"), ("table", *results_table(analysis))]
+    out += range_blocks(analysis)
     out += [("h2", "Consecutive dP steps (dead zones and transitions)"),
             ("table", *comparison_table(analysis["consecutive"]))]
     if analysis["controls"]:

@@ -19,7 +19,7 @@ credited to the learned table.
 
 from __future__ import annotations
 
-from plelab.diagnostics.verdict import verdict
+from plelab.diagnostics.verdict import range_status, verdict
 from plelab.sweeps import blocked, stats
 from plelab.sweeps.budget import token_budget
 from plelab.sweeps.results import SweepResults
@@ -62,6 +62,20 @@ def _run_verdict(run, when: str) -> tuple[str, str] | None:
     return v.structure, ("not tested" if "skipped" in diag else v.use)
 
 
+def calibrated_range(res: SweepResults, arm: str, fraction: float = 1.0) -> dict | None:
+    """Whether the verdicts of ``arm``'s runs at ``fraction`` of the run sit inside the benchmark's measured span
+    on every axis (:func:`plelab.diagnostics.verdict.range_status`); None for an arm without a per-layer table."""
+    cfg, runs = res.configs[arm], res.runs.get(arm, {})
+    ple, model = cfg["ple"], cfg["model"]
+    if not ple["dim"] or not runs:
+        return None
+    rows = ple.get("vocab_size") or model["vocab_size"]
+    tokens = fraction * sum(r.tokens_seen for r in runs.values()) / len(runs)
+    windows = cfg["train"].get("diag_windows") or None
+    return range_status(hidden_size=model["hidden_size"], layers=model["num_hidden_layers"], rows=rows,
+                        dim=ple["dim"], tokens_per_row=tokens / rows, windows=windows, fraction=fraction).to_dict()
+
+
 def arm_rows(res: SweepResults, vs_base: dict[str, stats.Comparison]) -> list[dict]:
     """One row per arm in the seed's format plus the diagnostics."""
     rows = []
@@ -86,6 +100,7 @@ def arm_rows(res: SweepResults, vs_base: dict[str, stats.Comparison]) -> list[di
             "vs_baseline": cmp.to_dict() if cmp else None,
             "structure": verdict_counts(pairs),
             "use": verdict_counts([v[1] for v in verdicts]),
+            "calibrated_range": calibrated_range(res, arm.name),
             "snr": sum(snr) / len(snr) if snr else None,
             "occurrences_median": sum(occ) / len(occ) if occ else None,
             "tokens_per_second": sum(r.tokens_per_second for r in runs.values()) / len(runs),
