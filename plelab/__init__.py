@@ -30,10 +30,12 @@ _EXPORTS: dict[str, str] = {
     # what the CLI verbs do
     "train": "plelab.runs", "evaluate": "plelab.training.evaluate", "diagnose": "plelab.integrations.checkpoints",
     "sweep": "plelab.sweeps.commands", "pack": "plelab.sweeps.commands", "report": "plelab.reports",
-    "plan": "plelab.sweeps.planning",
+    "plan": "plelab.sweeps.planning", "lr_search": "plelab.sweeps.commands",
+    "preregister_sweep": "plelab.sweeps.commands",
     "ingest": "plelab.data.pipeline", "prepare_data": "plelab.data.pipeline", "ladder": "plelab.sweeps.ladder",
     "fit_runs": "plelab.sweeps.scaling_runs", "fit_study": "plelab.sweeps.scaling",
     "calibrate": "plelab.calibration.commands", "verdict_reliability": "plelab.diagnostics.verdict",
+    "range_status": "plelab.diagnostics.verdict",
     # the trainer's seams, for your own kinds of run and observers
     "Trainer": "plelab.training.trainer", "TrainResult": "plelab.training.trainer", "Task": "plelab.training.task",
     "Observer": "plelab.training.task", "TextTask": "plelab.training.text_task",
