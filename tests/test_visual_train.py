@@ -160,7 +160,7 @@ def test_visual_study_quick_on_the_sweep_engine(tmp_path, capsys):
     assert "| oracle | 1.000 | 0.000 (" in md and "content-word loss" in md and "image removed" in md
     assert "the visual table next to the text table" in md and "| oracle | visual | 37 / 64 |" in md
     assert "## Findings" in md and "visual_contrast.png" in md and (out / "report" / "diagnostics.csv").exists()
-    assert "Labels at other margins (δ-sensitivity)" in md and "plelab's default, declared before any run" in md
+    assert "Labels at other margins (δ-sensitivity)" in md and "plelab's default for this study; fixed in the analysis plan before the runs" in md
     data = json.loads((out / "report" / "results.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert [r["method"] for r in data["analysis"]["rows"]] == ["none", "random", "oracle"]
     assert {c["b"] for c in data["analysis"]["content_vs_none"]} == {"random", "oracle"}

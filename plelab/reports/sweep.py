@@ -22,7 +22,7 @@ from plelab.sweeps.analysis import analyse
 from plelab.sweeps.analysis_plan import plan_status
 from plelab.sweeps.mechanism import gate_mechanism
 from plelab.sweeps.results import SweepResults, collect, regime
-from plelab.sweeps.spec import DP_DELTA, run_dir, sweep_command
+from plelab.sweeps.spec import DEFAULT_DELTA, DP_DELTA, run_dir, sweep_command
 
 
 def _cmp_cells(c: dict | None) -> list[str]:
@@ -46,11 +46,16 @@ def delta_origin(spec, plan: dict, declared: float) -> str:
     if spec.delta != declared:
         return (f"a post-hoc sensitivity analysis: this margin was chosen after the runs; the study's analysis plan "
                 f"has δ = {declared:g} and its labels are in report/ — the labels here are exploratory")
-    what = ("plelab's default for a dP study: below the seed's dP 0 → 64 gain (0.006) and its 128 → 256 step "
-            "(0.017), so an equivalence could call neither \"no change\"" if spec.delta == DP_DELTA
-            else "plelab's earlier default, about the seed's dP=256 gain of 0.023 nats — wider than the seed's 128 → "
-                 "256 step, so an equivalence here could not tell that step from no change" if spec.delta == 0.02
-            else "given with --delta")
+    if spec.kind != "dp":
+        what = "plelab's default for this study" if spec.delta == DEFAULT_DELTA else "given with --delta"
+    elif spec.delta == DP_DELTA:
+        what = ("plelab's default for a dP study: below the seed's dP 0 → 64 gain (0.006) and its 128 → 256 step "
+                "(0.017), so an equivalence could call neither \"no change\"")
+    elif spec.delta == DEFAULT_DELTA:
+        what = ("plelab's earlier default for a dP study, about the seed's dP=256 gain of 0.023 nats — wider than "
+                "the seed's 128 → 256 step, so an equivalence here could not tell that step from no change")
+    else:
+        what = "given with --delta"
     if plan["before_runs"]:
         return f"{what}; fixed in the analysis plan before the runs"
     return f"{what}; not shown to be fixed before the runs (see the analysis plan below)"
