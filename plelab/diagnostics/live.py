@@ -5,6 +5,7 @@ structure + use set at every checkpoint (``checkpoints/step-N/diagnostics.json``
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -92,14 +93,16 @@ def checkpoint_diagnostics(model: PLECausalLM, cfg: RunConfig, counts: np.ndarra
 @torch.no_grad()
 def table_diagnostics(model: nn.Module, w0: torch.Tensor, counts: np.ndarray, alpha: float = 1.0,
                       windows: torch.Tensor | None = None, device: torch.device | str = "cpu", *, seed: int = 0,
-                      iid: IIDTableIds | None = None, structure: bool = True, fraction: float | None = None) -> dict:
+                      iid: IIDTableIds | None = None, structure: bool = True, fraction: float | None = None,
+                      logits_of: Callable | None = None) -> dict:
     """Structure of W_t and Δ = W_t − αW_0 on the used rows of each layer, and the table-level use test, for
     any model holding PLE modules.
 
     ``w0 [Vp, L·dP]``: the table at step 0; ``counts [Vp]``: how often each row was looked up in training;
     ``alpha``: Π(1 − lr·wd) of the table's group (1 without weight decay); ``windows [N, T+1]``: validation token
     windows for the use test (None: no use test); ``structure``: False skips the per-layer structure (a frozen table);
-    ``fraction``: how far through its run the checkpoint is (the use verdict's calibrated decision point).
+    ``fraction``: how far through its run the checkpoint is (the use verdict's calibrated decision point);
+    ``logits_of``: the logits in the model's forward output (:func:`~plelab.model.losses.window_losses`).
     """
     ple = PLEModules(model)
     L, dP = ple.num_layers, ple.dim
@@ -114,7 +117,7 @@ def table_diagnostics(model: nn.Module, w0: torch.Tensor, counts: np.ndarray, al
                                   "delta_used": matrix_stats(delta[used][:, cols]).to_dict()})
     if windows is not None and len(windows):
         base, results = use_metrics(model, windows, w0, counts, batch=16, device=device, per_layer=False, seed=seed,
-                                    iid=iid)
+                                    iid=iid, logits_of=logits_of)
         out["val_loss"] = base
         out["use"] = {r.kind: r.to_dict() for r in results}
         perm = out["use"]["permute"]

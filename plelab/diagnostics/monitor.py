@@ -28,6 +28,7 @@ each checkpoint (disk: one table's bytes; memory: none held between checkpoints)
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -82,25 +83,33 @@ def regenerated_w0(model: nn.Module) -> torch.Tensor | None:
 
 
 class Monitor:
-    """Live and at-checkpoint PLE diagnostics of ``model`` (plelab's, or an HF model after ``attach``), written
-    under ``out``.
+    """Live and at-checkpoint PLE diagnostics of ``model`` (plelab's, an HF model after ``attach``, or your own
+    decoder holding :class:`~plelab.PerLayerEmbedding` / :class:`~plelab.PerLayerInjection` under any attribute
+    names: they are found by type, :class:`~plelab.PLEModules`), written under ``out``.
 
     ``every``: signal metrics every this many steps (0: never); ``checkpoint_every``: structure + use diagnostics
     every this many steps (0: only when :meth:`checkpoint` is called); ``val_windows [N, T+1]``: token windows for
     the use test (None: no use test); ``w0``: ``"auto"`` (regenerate if plelab initialised the table, else snapshot)
     or ``"snapshot"``; ``seed``: the use test's permutation seed; ``total_steps``: the run's planned length, which
     places each checkpoint on the verdict's calibrated decision points (None: unknown, the verdict then uses the
-    end-of-run thresholds and says the model is outside the calibrated range).
+    end-of-run thresholds and says the model is outside the calibrated range); ``logits_of``: for the use test,
+    a function from the output of ``model(ids [B,T])`` to its logits ``[B,T,V]`` — needed when the forward returns
+    neither an object with ``.logits`` nor the logits tensor itself (e.g. ``lambda out: out[0]`` for a
+    ``(logits, loss)`` tuple). The embedding's forward hook counts the looked-up rows from its ``table_ids``.
     """
 
     def __init__(self, model: nn.Module, out: str | Path, *, every: int = 50, checkpoint_every: int = 0,
                  val_windows: torch.Tensor | None = None, w0: str = "auto", seed: int = 0,
-                 total_steps: int | None = None) -> None:
+                 total_steps: int | None = None, logits_of: Callable | None = None) -> None:
         try:
             self.ple = PLEModules(model)
         except LookupError as err:
             raise PlelabError(f"plelab.Monitor needs a model with PLE modules ({err}); add them with "
-                              "plelab.attach(model, dim) or build a plelab model with ple.dim > 0") from None
+                              "plelab.attach(model, dim), build a plelab model with ple.dim > 0, or hold "
+                              "plelab.PerLayerEmbedding / PerLayerInjection modules in your own") from None
+        if logits_of is not None and not callable(logits_of):
+            raise PlelabError(f"Monitor logits_of must be a function from the model's output to its logits, got "
+                              f"{type(logits_of).__name__}")
         for name, value in (("every", every), ("checkpoint_every", checkpoint_every)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise PlelabError(f"Monitor {name} must be an integer >= 0, got {value!r}")
@@ -114,12 +123,12 @@ class Monitor:
             raise PlelabError("Monitor val_windows must be an integer tensor [N, T+1] of token ids (T >= 1)")
         self.model, self.out = model, Path(out)
         self.every, self.checkpoint_every, self.val_windows, self.seed = every, checkpoint_every, val_windows, seed
-        self.total_steps = total_steps
+        self.total_steps, self.logits_of = total_steps, logits_of
         self.dist = _current_dist()
         table = self.ple.table
         self.rows = RowCounter(table.shape[0], table.device)
         self.probe: SignalProbe | None = None
-        self._handles = [self.ple.embedding.register_forward_hook(self._count)]
+        self._handles = [self.ple.embedding.register_forward_hook(self._count, with_kwargs=True)]
         self.w0_source, self.w0_init = "regenerated from the attach seed", attach_init(model)
         if w0 == "snapshot" or self.w0_init is None:
             self.w0_init = None
@@ -139,8 +148,8 @@ class Monitor:
                                   "folder") from None
         self._arm(0)
 
-    def _count(self, embedding, args, _out) -> None:
-        table_ids = args[1] if len(args) > 1 else None
+    def _count(self, embedding, args, kwargs, _out) -> None:
+        table_ids = args[1] if len(args) > 1 else kwargs.get("table_ids")
         if embedding.owner.training and torch.is_grad_enabled():
             self.rows.update(table_ids)
 
@@ -189,7 +198,8 @@ class Monitor:
         diags = {"step": step, "w0": self.w0_source,
                  **table_diagnostics(model, self.w0(), counts.numpy().astype(np.float64), 1.0,
                                      self.val_windows if val_windows is None else val_windows, device, seed=self.seed,
-                                     fraction=step / self.total_steps if self.total_steps else None)}
+                                     fraction=step / self.total_steps if self.total_steps else None,
+                                     logits_of=self.logits_of)}
         tensors = {TABLE_KEY: self.ple.table.detach().float().cpu().contiguous(), COUNTS_KEY: counts.cpu()}
         atomic_write(folder / TABLE_FILE, lambda p: save_file(tensors, str(p)))
         write_json(folder / "diagnostics.json", diags)

@@ -25,7 +25,7 @@ from plelab.diagnostics.structure import effective_rank
 from plelab.model.ple import PLEModules
 
 _MAX_TOKENS = 1024
-TRUNK_BLOCKS = ("self_attn", "attention", "mlp")  # a decoder layer's attention and MLP (GPT-NeoX: attention)
+TRUNK_BLOCKS = ("self_attn", "attention", "attn", "mlp")  # attention and MLP (GPT-NeoX: attention; nanoGPT: attn)
 
 
 def _rms(x: torch.Tensor) -> float:
@@ -117,14 +117,15 @@ class SignalProbe:
 
 
 def gradient_norms(model: nn.Module) -> dict[str, list]:
-    """Per-layer gradient norms after a backward: table slice, gate, projection and trunk (the decoder layer's
-    attention and MLP; the layer's other non-PLE parameters where it names neither)."""
+    """Per-layer gradient norms after a backward: table slice, gate, projection and trunk (the attention and MLP of
+    the decoder layer holding the injection, ``PLEModules.layers``; its other non-PLE parameters where it names
+    neither; None when the holder has no other parameters, e.g. a list of injections)."""
     ple = PLEModules(model)
     dP = ple.dim
     table_grad = row_gradient(ple.table)  # dense, or the rows of a sparse gradient
     own = {id(p) for p in ple.parameters()}
     out: dict[str, list] = {"grad_table": [], "grad_gate": [], "grad_proj": [], "grad_trunk": []}
-    for i, injection in enumerate(ple.injections):
+    for i, (injection, holder) in enumerate(zip(ple.injections, ple.layers)):
         layer = injection.owner
         out["grad_table"].append(None if table_grad is None else
                                  float(_sq_sum(table_grad, slice(i * dP, (i + 1) * dP)).sqrt()))
@@ -132,8 +133,8 @@ def gradient_norms(model: nn.Module) -> dict[str, list]:
                 else getattr(layer, "per_layer_gate", None))
         out["grad_gate"].append(None if gate is None else _norm(gate.grad))
         out["grad_proj"].append(_norm(layer.per_layer_projection.weight.grad))
-        blocks = [getattr(layer, n) for n in TRUNK_BLOCKS if isinstance(getattr(layer, n, None), nn.Module)]
-        params = [p for b in blocks for p in b.parameters()] or [p for p in layer.parameters() if id(p) not in own]
+        blocks = [getattr(holder, n) for n in TRUNK_BLOCKS if isinstance(getattr(holder, n, None), nn.Module)]
+        params = [p for b in blocks for p in b.parameters()] or [p for p in holder.parameters() if id(p) not in own]
         trunk = [_sq_sum(p.grad) for p in params if p.grad is not None]
         out["grad_trunk"].append(float(torch.stack(trunk).sum().sqrt()) if trunk else None)
     return out

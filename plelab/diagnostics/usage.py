@@ -14,6 +14,7 @@ standard error across windows. A table that carries nothing the model uses gives
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -73,15 +74,16 @@ def weight_swapped(weight: torch.nn.Parameter, values: torch.Tensor):
 
 def use_metrics(model: nn.Module, windows: torch.Tensor, w0: torch.Tensor | None, counts: np.ndarray, batch: int,
                 device: torch.device, per_layer: bool = True, seed: int = 0, iid: IIDTableIds | None = None,
-                table: tuple[nn.Parameter, int, int] | None = None) -> tuple[float, list[Intervention]]:
+                table: tuple[nn.Parameter, int, int] | None = None,
+                logits_of: Callable | None = None) -> tuple[float, list[Intervention]]:
     """Base validation loss and the reset (when ``w0`` is known) and permute interventions (whole table, then each
-    layer); ``iid``: see :func:`window_losses`. ``table``: ``(weight [Vp, L·dP], L, dP)`` of a model whose PLE
-    modules plelab did not build (an HF Gemma); default: found with :class:`PLEModules`."""
+    layer); ``iid``, ``logits_of``: see :func:`window_losses`. ``table``: ``(weight [Vp, L·dP], L, dP)`` of a model
+    whose PLE modules plelab did not build (an HF Gemma); default: found with :class:`PLEModules`."""
     if table is None:
         ple = PLEModules(model)
         table = (ple.table, ple.num_layers, ple.dim)
     weight, L, dP = table
-    base = window_losses(model, windows, batch, device, iid)
+    base = window_losses(model, windows, batch, device, iid, logits_of)
     wt = weight.detach().float().cpu()
     perm = within_bin_permutation(counts, seed)
     variants = {"reset": w0.reshape(wt.shape)} if w0 is not None else {}
@@ -93,7 +95,7 @@ def use_metrics(model: nn.Module, windows: torch.Tensor, w0: torch.Tensor | None
             new = wt.clone()
             new[:, cols] = changed[:, cols]
             with weight_swapped(weight, new):
-                diff = window_losses(model, windows, batch, device, iid) - base
+                diff = window_losses(model, windows, batch, device, iid, logits_of) - base
             se = float(diff.std(unbiased=True) / len(diff) ** 0.5) if len(diff) > 1 else float("nan")
             results.append(Intervention(kind, layer, float(diff.mean()), se, len(diff)))
     return float(base.mean()), results

@@ -16,10 +16,8 @@ outlives the call, and one process per replica (DDP, FSDP) keeps its own frames.
 multiplies by √H, Llama does not) reaches ``c`` only through the RMSNorm's ``eps``: the projection is normalised.
 
 Init: ``"gemma"`` is HF's (normal(0, ``initializer_range``), norm weights 1). ``"function-preserving"`` is the same
-with the branch's last factor at zero — the post-norm weight (``gemma`` gate), the learned gate (``scalar`` /
-``vector``) or the projection (``none``) — so the logits equal the host's at step 0, the zeroed factor gets a
-gradient at the first step and every other PLE tensor from the second. Zeroing the projection under the Gemma
-gate would instead feed the post-norm an exact zero (unstable), which is why the norm weight is the one zeroed.
+with the branch's last factor at zero, so the logits equal the host's at step 0 — :class:`PerLayerInjection`'s own
+``init`` option, which says which factor and when each PLE tensor first gets a gradient.
 """
 
 from __future__ import annotations
@@ -36,12 +34,12 @@ from plelab.diagnostics.monitor import ATTACH_CONFIG_KEY as PLE_CONFIG_KEY
 from plelab.errors import PlelabError
 from plelab.integrations.pretrained import from_pretrained
 from plelab.model.hf_weights import load_hf_weights, read_safetensors
-from plelab.model.ple import PerLayerEmbedding, PerLayerInjection, PLEModules, keep_unregistered, token_table_ids
+from plelab.model.ple import (INITS, PerLayerEmbedding, PerLayerInjection, PLEModules, keep_unregistered,
+                              token_table_ids)
 
 # Families transformers builds offline from a config whose layout attach knows (model_type -> how it is reached).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gpt_neox")
 TESTED_TRANSFORMERS = ("5.23",)  # major.minor versions the test suite ran attach under
-INITS = ("function-preserving", "gemma")
 
 
 def check_transformers(version: str, allow_untested: bool = False) -> None:
@@ -177,7 +175,7 @@ def attach(model: nn.Module, dim: int, *, gate: str = "gemma", vocab_size: int |
     weight = embed.weight
     with torch.random.fork_rng(devices=[]):  # the modules' default init draws from the global RNG: keep the user's
         embedding = PerLayerEmbedding(vp, hidden, len(layers), dim, eps=eps, sparse=sparse_table, register_on=base)
-        injections = [PerLayerInjection(hidden, dim, gate, eps=eps, register_on=layer) for layer in layers]
+        injections = [PerLayerInjection(hidden, dim, gate, eps=eps, init=init, register_on=layer) for layer in layers]
     keep_unregistered(base, "per_layer_embedding", embedding)
     for layer, injection in zip(layers, injections):
         keep_unregistered(layer, "per_layer_injection", injection)
@@ -186,9 +184,7 @@ def attach(model: nn.Module, dim: int, *, gate: str = "gemma", vocab_size: int |
     std = float(getattr(text, "initializer_range", 0.02))
     embedding.reset_parameters(std, generator=generator)
     for injection in injections:
-        injection.reset_parameters(std, generator=generator)
-        if init == "function-preserving":
-            _zero_last_factor(injection)
+        injection.reset_parameters(std, generator=generator)  # applies init (function-preserving: last factor 0)
     for p in ple.parameters():
         p.data = p.data.to(device=weight.device, dtype=weight.dtype)
         p.requires_grad_(True)
@@ -198,17 +194,6 @@ def attach(model: nn.Module, dim: int, *, gate: str = "gemma", vocab_size: int |
                                           "sparse_table": sparse_table, "seed": seed, "init_std": std}})
     keep_unregistered(base, "plelab_attachment", Attachment(base, embed, layers, embedding, injections))
     return model
-
-
-@torch.no_grad()
-def _zero_last_factor(injection: PerLayerInjection) -> None:
-    o = injection.owner
-    if injection.gate == "gemma":
-        o.post_per_layer_input_norm.weight.zero_()
-    elif injection.gate in ("scalar", "vector"):
-        o.per_layer_gate.zero_()
-    else:
-        o.per_layer_projection.weight.zero_()
 
 
 def load_attached(path: str | Path, **from_pretrained_kwargs) -> nn.Module:

@@ -22,11 +22,18 @@ own model is built this way, so its ``state_dict`` keys are HF's and every name-
 init, optimizer and accounting groups, the DDP ignore list, FSDP units, checkpoints) sees HF names.
 The module object is still the one to observe: forward hooks on it see ``(e, ids, token_part) -> P``
 and ``(h, p) -> branch``; its ``owner`` attribute is the module that holds its tensors (itself, or ``register_on``).
+
+In your own decoder (the protocol :class:`PLEModules`, :func:`plelab.param_groups` and :class:`plelab.Monitor`
+rely on): hold one :class:`PerLayerEmbedding` and one :class:`PerLayerInjection` per layer anywhere in the model,
+under any attribute names — they are found by type, no registration call — with the injections registered in
+layer order; call the embedding positionally, ``ple(e, ids)``, so the Monitor's hook sees the ids it counts.
+Build the injections with ``init="function-preserving"`` for a start equal to the model without PLE.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +43,10 @@ from plelab.config.schema import GATE_KINDS
 from plelab.model.layers import RMSNorm
 
 TABLE_KEY = "model.embed_tokens_per_layer.weight"  # the HF name of a causal LM's per-layer table
+INITS = ("function-preserving", "gemma")  # PerLayerInjection's (and plelab.attach's) init
+# A standalone injection under init="gemma" warns when, at its first call, its branch's RMS is more than this times
+# the RMS of the stream h it is added to: the layer's output is then mostly the (random) branch.
+LARGE_BRANCH_RATIO = 1.0
 
 
 class HostToDevice(torch.autograd.Function):
@@ -165,13 +176,26 @@ class PerLayerInjection(nn.Module):
 
     ``gate``: ``gemma`` (Gemma 3n / 4), ``scalar`` / ``vector`` (the seed's learned gate, one number or
     one per hidden unit, starting at ``gate_init``) or ``none``.
+
+    ``init``: ``"gemma"`` is HF's (normal(0, std) matrices, norm weight 1). Under the ``gemma`` gate the branch is
+    then post-normed to RMS ≈ 1 whatever the stream's scale: in a decoder whose residual stream is small (a
+    nanoGPT with std-0.02 embeddings) the branch starts larger than the stream — a standalone module warns at its
+    first call when RMS(branch) > ``LARGE_BRANCH_RATIO`` · RMS(h). ``"function-preserving"`` is the same with the
+    branch's last factor at zero — the post-norm weight (``gemma``), the learned gate (``scalar`` / ``vector``) or
+    the projection (``none``) — so the branch is exactly 0 at step 0 (the model's output equals the model without
+    PLE); the zeroed factor gets a gradient at the first step and every other PLE tensor from the second. (Zeroing
+    the projection under the Gemma gate would feed the post-norm an exact zero, which is unstable.) The
+    :class:`PerLayerEmbedding` has no such option: its ``P`` reaches the stream only through the injections.
+    With ``register_on`` the owner's init sets the values (:meth:`reset_parameters`, which applies ``init``).
     """
 
     def __init__(self, hidden_size: int, dim: int, gate: str = "gemma", *, eps: float = 1e-6,
-                 gate_init: float = 1.0, register_on: nn.Module | None = None) -> None:
+                 gate_init: float = 1.0, init: str = "gemma", register_on: nn.Module | None = None) -> None:
         super().__init__()
         if gate not in GATE_KINDS:
             raise ValueError(f"unknown PLE gate {gate!r}: choose one of {', '.join(GATE_KINDS)}")
+        if init not in INITS:
+            raise ValueError(f"unknown PLE init {init!r}: choose one of {', '.join(INITS)}")
         owner = self if register_on is None else register_on
         owner.per_layer_projection = nn.Linear(dim, hidden_size, bias=False)
         if gate == "gemma":
@@ -180,13 +204,16 @@ class PerLayerInjection(nn.Module):
         elif gate in ("scalar", "vector"):
             owner.per_layer_gate = nn.Parameter(torch.empty(1 if gate == "scalar" else hidden_size))
         keep_unregistered(self, "owner", owner)
-        self.gate, self.gate_init = gate, gate_init
+        self.gate, self.gate_init, self.init = gate, gate_init, init
+        # only a module built on its own checks its first branch (plelab's model and attach choose their init)
+        self.check_scale = register_on is None and init == "gemma"
         if register_on is None:
             self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
-        """HF's init convention: normal(0, std) matmul weights, norm weight 1, the learned gate at ``gate_init``."""
+        """HF's init convention: normal(0, std) matmul weights, norm weight 1, the learned gate at ``gate_init``;
+        then, under ``init="function-preserving"``, the branch's last factor at zero (class doc)."""
         o = self.owner
         o.per_layer_projection.weight.normal_(0.0, std, generator=generator)
         if self.gate == "gemma":
@@ -194,37 +221,76 @@ class PerLayerInjection(nn.Module):
             o.post_per_layer_input_norm.weight.fill_(1.0)
         elif self.gate in ("scalar", "vector"):
             o.per_layer_gate.fill_(self.gate_init)
+        if self.init == "function-preserving":
+            last = {"gemma": "post_per_layer_input_norm", "scalar": "per_layer_gate", "vector": "per_layer_gate",
+                    "none": "per_layer_projection"}[self.gate]
+            weight = getattr(o, last)
+            (weight if isinstance(weight, nn.Parameter) else weight.weight).zero_()
 
     def forward(self, h: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """``h [B,T,H]``, ``p [B,T,dP]`` -> the branch ``[B,T,H]``."""
         o = self.owner
         if self.gate == "gemma":
             u = F.gelu(o.per_layer_input_gate(h), approximate="tanh") * p
-            return o.post_per_layer_input_norm(o.per_layer_projection(u))
-        out = o.per_layer_projection(p)
-        if self.gate in ("scalar", "vector"):
-            out = out * o.per_layer_gate
+            out = o.post_per_layer_input_norm(o.per_layer_projection(u))
+        else:
+            out = o.per_layer_projection(p)
+            if self.gate in ("scalar", "vector"):
+                out = out * o.per_layer_gate
+        if self.check_scale and not torch.compiler.is_compiling():
+            self.check_scale = False
+            _warn_if_large(out, h)
         return out
 
 
-class PLEModules:
-    """The PLE modules inside a model, found by where they are kept: ``embedding`` (the module some submodule keeps
-    as ``per_layer_embedding``) and ``injections`` (each decoder layer's ``per_layer_injection``, in layer order).
+def _warn_if_large(branch: torch.Tensor, h: torch.Tensor) -> None:
+    """The first-call check of a standalone ``init="gemma"`` injection (:class:`PerLayerInjection`)."""
+    ratio = float(branch.detach().float().pow(2).mean().sqrt() / h.detach().float().pow(2).mean().sqrt()
+                  .clamp_min(1e-30))
+    if ratio > LARGE_BRANCH_RATIO:
+        warnings.warn(f"PerLayerInjection: at its first call the PLE branch's RMS is {ratio:.3g}x the residual "
+                      "stream's it is added to; the model starts far from itself without PLE. Build the "
+                      "injections with init='function-preserving' for an unchanged start", stacklevel=5)
 
-    Works for plelab's model and for an HF decoder after :func:`plelab.attach`; raises ``LookupError`` when the
-    model has none (``ple.dim=0``, or a model PLE was never added to).
+
+def find_ple_modules(model: nn.Module) -> tuple[list[PerLayerEmbedding], list[tuple[PerLayerInjection, nn.Module]]]:
+    """Every :class:`PerLayerEmbedding` and every ``(PerLayerInjection, the module holding it)`` in ``model``, found
+    by type wherever they sit: registered submodules under any attribute name, and modules kept as plain
+    attributes (plelab's model and :func:`plelab.attach` keep them so, their tensors registered on the holder).
+    Each module once, in the order ``model.modules()`` reaches its holder (registration order)."""
+    seen: set[int] = set()
+    embeddings, injections = [], []
+    for holder in model.modules():
+        for value in (*holder._modules.values(), *vars(holder).values()):
+            if isinstance(value, (PerLayerEmbedding, PerLayerInjection)) and id(value) not in seen:
+                seen.add(id(value))
+                if isinstance(value, PerLayerEmbedding):
+                    embeddings.append(value)
+                else:
+                    injections.append((value, holder))
+    return embeddings, injections
+
+
+class PLEModules:
+    """The PLE modules inside a model, found by type wherever they sit (:func:`find_ple_modules`; no registration
+    call): ``embedding`` (the one :class:`PerLayerEmbedding`), ``injections`` (one :class:`PerLayerInjection` per
+    layer, in layer order = registration order) and ``layers`` (the module holding each injection: a decoder block,
+    whose other parameters are the layer's trunk in the gradient diagnostics).
+
+    Works for plelab's model, for an HF decoder after :func:`plelab.attach` and for your own decoder built from the
+    two modules under any attribute names; raises ``LookupError`` when the model has none (``ple.dim=0``, or a model
+    PLE was never added to) or not one embedding and one injection per layer.
     """
 
     def __init__(self, model: nn.Module) -> None:
-        embeddings, self.injections = [], []
-        for module in model.modules():
-            if isinstance(getattr(module, "per_layer_embedding", None), PerLayerEmbedding):
-                embeddings.append(module.per_layer_embedding)
-            if isinstance(getattr(module, "per_layer_injection", None), PerLayerInjection):
-                self.injections.append(module.per_layer_injection)
+        embeddings, found = find_ple_modules(model)
+        self.injections = [injection for injection, _ in found]
+        self.layers = [holder for _, holder in found]
         if len(embeddings) != 1 or len(self.injections) != embeddings[0].num_layers:
+            expected = f" (its embedding has L = {embeddings[0].num_layers})" if len(embeddings) == 1 else ""
             raise LookupError(f"the model has {len(embeddings)} per-layer embeddings and {len(self.injections)} "
-                              "per-layer injections; PLE modules are one embedding and one injection per layer")
+                              f"per-layer injections{expected}; PLE modules are one embedding and one injection "
+                              "per layer")
         self.embedding: PerLayerEmbedding = embeddings[0]
 
     @property

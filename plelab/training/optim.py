@@ -20,25 +20,36 @@ import torch
 from torch import nn
 
 from plelab.config.schema import TrainConfig
-from plelab.model.ple import PLEModules
+from plelab.errors import PlelabError
+from plelab.model.ple import PLEModules, find_ple_modules
 from plelab.training.sparse import RowSparseAdamW
 
 
 def param_groups(model: nn.Module, *, lr: float, table_lr: float | None = None, weight_decay: float = 0.0,
                  table_weight_decay: float = 0.0) -> list[dict]:
-    """plelab's AdamW groups for any model holding PLE modules (plelab's, or an HF model after ``attach``).
+    """plelab's AdamW groups for any model holding PLE modules: plelab's, an HF model after ``attach``, or your own
+    decoder holding a :class:`~plelab.PerLayerEmbedding` under any attribute name (found by type:
+    :class:`~plelab.PLEModules`).
 
     ``decay``: matrices (``weight_decay``); ``no_decay``: vectors and scalars (norm weights, learned gates,
     biases) and input-embedding tables; ``ple_table``: the per-layer table (``table_lr``, default ``lr``;
     ``table_weight_decay``), marked ``row_sparse`` when its gradients are (``sparse_table=True``) so that
     :func:`adamw` steps it row by row. Frozen parameters are left out. The groups cover every trainable
-    parameter (asserted). For a model without PLE there is no ``ple_table`` group.
+    parameter (asserted). For a model without PLE there is no ``ple_table`` group, and ``table_lr`` /
+    ``table_weight_decay`` — which could not be honoured — are refused (PlelabError), as for a frozen table and
+    for PLE modules that are not one embedding and one injection per layer.
     """
     try:
         lookup = PLEModules(model).embedding.owner.embed_tokens_per_layer
-    except LookupError:
+    except LookupError as err:
+        if any(find_ple_modules(model)):
+            raise PlelabError(f"plelab.param_groups: {err}") from None
         lookup = None
     table = None if lookup is None else lookup.weight
+    if (table is None or not table.requires_grad) and (table_lr is not None or table_weight_decay):
+        where = "has no per-layer table" if table is None else "has its per-layer table frozen"
+        raise PlelabError(f"plelab.param_groups: table_lr / table_weight_decay given but the model {where}; "
+                          "leave them out (or add PLE with plelab.PerLayerEmbedding / plelab.attach)")
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     groups: dict[str, list] = {"decay": [], "no_decay": [], "ple_table": []}
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -58,9 +69,15 @@ def param_groups(model: nn.Module, *, lr: float, table_lr: float | None = None, 
 
 
 def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:
-    """:func:`param_groups` with ``train.*``'s learning rates and weight decays."""
-    groups = param_groups(model, lr=tc.lr, table_lr=table_lr(tc), weight_decay=tc.weight_decay,
-                          table_weight_decay=tc.table_weight_decay)
+    """:func:`param_groups` with ``train.*``'s learning rates and weight decays (the table's where the model has a
+    trainable table)."""
+    try:
+        trainable_table = PLEModules(model).table.requires_grad
+    except LookupError:
+        trainable_table = False
+    groups = param_groups(model, lr=tc.lr, weight_decay=tc.weight_decay,
+                          **({"table_lr": table_lr(tc), "table_weight_decay": tc.table_weight_decay}
+                             if trainable_table else {}))
     for g in groups:
         if g["name"] == "ple_table" and tc.table_optimizer == "row-sparse":
             g["row_sparse"] = True
