@@ -55,3 +55,19 @@ def test_every_plelab_command_in_the_readme_parses():
         except SystemExit as exc:
             if exc.code:
                 raise AssertionError(f"README command does not parse: {command}") from None
+
+
+def test_the_own_decoder_snippet_trains_monitors_and_diagnoses(tmp_path, monkeypatch):
+    """README's "PLE in your own decoder": a nanoGPT-shaped model, param_groups' table group, a Monitor with
+    logits_of and plelab.diagnose on its folder (issue 53, 1)."""
+    import json
+
+    (code,) = [c for c in python_snippets() if "class GPT(nn.Module)" in c]
+    assert all(s in code for s in ("plelab.param_groups(", "plelab.Monitor(", "logits_of=", "plelab.diagnose("))
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    namespace = {"__name__": "readme_own_decoder"}
+    exec(compile(code, "README.md own-decoder snippet", "exec"), namespace)
+    saved = json.loads((tmp_path / "runs/mine/checkpoints/step-000008/diagnostics.json").read_text())
+    assert saved["use"]["permute"]["windows"] == 16 and len(saved["layers"]) == 2
+    assert namespace["report"]["table"]["verdict"]["use"] in ("USED", "UNUSED", "UNDECIDED")
