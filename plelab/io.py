@@ -1,4 +1,9 @@
-"""Files: the cache folder and atomic writes (temp file in the same folder + rename)."""
+"""Files: the cache folder and atomic writes (temp file in the same folder + rename), with the modes the umask implies.
+
+``tempfile.mkstemp`` / ``mkdtemp`` create 0600 files and 0700 folders whatever the umask, so a file written through
+them would be unreadable to a teammate on a shared machine; :func:`atomic_write` and :func:`temp_dir` give what an
+ordinary ``open`` / ``mkdir`` would (0644 / 0755 under umask 022).
+"""
 
 from __future__ import annotations
 
@@ -72,19 +77,51 @@ def check_name(name: object, what: str) -> str:
     return name
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where the OS says it (Linux), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def temp_dir(parent: str | os.PathLike, prefix: str, suffix: str = "") -> Path:
+    """A new uniquely named folder in ``parent`` (for a write renamed into place later), with the mode the umask
+    implies rather than mkdtemp's 0700."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
+    os.chmod(tmp, 0o777 & ~umask())
+    return tmp
+
+
 def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
-    """Call ``writer(tmp_path)`` then rename onto ``path``: readers never see a half-written file."""
+    """Call ``writer(tmp_path)`` then rename onto ``path``: readers never see a half-written file. The file gets
+    the mode the umask implies (as ``open`` would give it), not mkstemp's 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         writer(Path(tmp))
+        os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def save_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict | None = None) -> Path:
+    """``safetensors.torch.save_file`` with the mode the umask implies (its writer creates 0600 files)."""
+    from safetensors.torch import save_file  # loads torch: only where tensors are written
+
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, 0o666 & ~umask())
+    return Path(path)
 
 
 def json_safe(obj: object) -> object:

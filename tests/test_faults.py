@@ -98,21 +98,21 @@ def test_nonfinite_gradient_is_named_before_any_clipping(trained, tiny_data):
 
 def test_no_space_left_while_checkpointing(trained, tiny_data, monkeypatch):
     checkpoints = _hashes(trained / "checkpoints")
-    real = ckpt.save_file
+    real = ckpt.save_safetensors
 
     def full_disk(tensors, path, metadata=None):
-        if path.endswith("optimizer.safetensors"):
+        if str(path).endswith("optimizer.safetensors"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(tensors, path, metadata=metadata)
 
-    monkeypatch.setattr(ckpt, "save_file", full_disk)
+    monkeypatch.setattr(ckpt, "save_safetensors", full_disk)
     with pytest.raises(PlelabError) as err:
         _trainer(_cfg(6), tiny_data, trained, resume=True).fit()
     msg = str(err.value)
     assert "cannot write checkpoint step-000006" in msg and "No space left on device" in msg
     assert "the previous checkpoint step-000004 is intact" in msg and "\n" not in msg
     assert _hashes(trained / "checkpoints") == checkpoints  # no half checkpoint left, the others untouched
-    monkeypatch.setattr(ckpt, "save_file", real)  # space freed: the run continues from step 4
+    monkeypatch.setattr(ckpt, "save_safetensors", real)  # space freed: the run continues from step 4
     tr = _trainer(_cfg(6), tiny_data, trained, resume=True)
     assert tr.step == 4
     tr.fit()

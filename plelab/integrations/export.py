@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import math
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from plelab.config.schema import RunConfig
 from plelab.data.tokenizer import EOS
 from plelab.errors import PlelabError
 from plelab.integrations.hf_model import MODEL_TYPE, classes, register, require_transformers
 from plelab.integrations.pretrained import from_pretrained
-from plelab.io import check_folder_target, ensure_dir
+from plelab.io import check_folder_target, ensure_dir, save_safetensors, temp_dir
 from plelab.training.checkpoint import read_state
 from plelab.training.loading import checkpoint_of, load_for_eval, run_tokenizer_file
 
@@ -119,10 +117,10 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
         config, weights, note = _llama(cfg, state)
         notes = [note]
     ensure_dir(out.parent, "export folder's parent", "choose another OUT")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp = temp_dir(out.parent, prefix=f".{out.name}.", suffix=".tmp")
     try:
         config.save_pretrained(tmp)
-        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt"})
         transformers.GenerationConfig(bos_token_id=0, eos_token_id=0).save_pretrained(tmp)
         _tokenizer_files(tokenizer, tmp, cfg.train.seq_len)
         diff = _check_logits(model, tmp, cfg.model.vocab_size, cfg.train.seq_len) if verify else None

@@ -19,12 +19,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -37,7 +36,7 @@ from plelab.config.schema import RunConfig
 from plelab.distributed import DistInfo, all_ranks_ok, barrier
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
-from plelab.io import write_json
+from plelab.io import save_safetensors, temp_dir, write_json
 from plelab.model.loading import check_tensors
 from plelab.training import sharded_checkpoint as sharded
 
@@ -76,7 +75,7 @@ def _fresh_tmp(root: Path, final: str, tag: str | None = None) -> Path:
     for stale in root.glob("*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     if tag is None:
-        return Path(tempfile.mkdtemp(prefix=f"{final}.tmp-", dir=root))
+        return temp_dir(root, prefix=f"{final}.tmp-")
     tmp = root / f"{final}.tmp-{tag}"
     tmp.mkdir()
     return tmp
@@ -114,10 +113,10 @@ def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["rng.cuda"] = torch.cuda.get_rng_state()
     try:
-        save_file(model_tensors, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
+        save_safetensors(model_tensors, tmp / "model.safetensors", metadata={"format": FORMAT})
         maybe_fault("mid_checkpoint", step)
-        save_file({**opt_tensors, **rng, **(extra_tensors or {})}, str(tmp / "optimizer.safetensors"),
-                  metadata={"format": FORMAT})
+        save_safetensors({**opt_tensors, **rng, **(extra_tensors or {})}, tmp / "optimizer.safetensors",
+                         metadata={"format": FORMAT})
         if diagnostics is not None:
             write_json(tmp / "diagnostics.json", diagnostics)
         write_json(tmp / "state.json", {"format": FORMAT, "step": step, **state})

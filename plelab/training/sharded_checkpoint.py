@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 from plelab.distributed import DistInfo, all_ranks_ok
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
-from plelab.io import write_json
+from plelab.io import save_safetensors, write_json
 from plelab.model.loading import check_tensors
 
 SHARDED = "sharded"
@@ -80,7 +80,7 @@ def save_sharded(tmp: Path, step: int, model: torch.nn.Module, opt: torch.optim.
     if info.is_main:
         try:
             rng = {"rng.torch_cpu": torch.get_rng_state()}
-            save_file({**steps, **rng, **extra_tensors}, str(tmp / "extra.safetensors"), metadata={"format": fmt})
+            save_safetensors({**steps, **rng, **extra_tensors}, tmp / "extra.safetensors", metadata={"format": fmt})
             if diagnostics is not None:
                 write_json(tmp / "diagnostics.json", diagnostics)
             write_json(tmp / "state.json", {"format": fmt, "step": step, **state, "storage": SHARDED,
@@ -178,7 +178,7 @@ def consolidate_folder(ckpt: Path) -> Path:
     fmt = json.loads((ckpt / "state.json").read_text())["format"]
     out, tmp = ckpt / "model.safetensors", ckpt / "model.safetensors.tmp"
     try:
-        save_file(sd, str(tmp), metadata={"format": fmt})
+        save_safetensors(sd, tmp, metadata={"format": fmt})
         tmp.replace(out)
     except (OSError, SafetensorError) as err:
         tmp.unlink(missing_ok=True)
