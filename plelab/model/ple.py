@@ -116,7 +116,9 @@ class PerLayerEmbedding(nn.Module):
     ``vocab_size`` is Vp (HF ``vocab_size_per_layer_input``), ``dim`` is dP (``hidden_size_per_layer_input``).
     ``embed_scale`` multiplies the lookup (None: Gemma's ``sqrt(dim)``). ``sparse`` gives the table sparse
     row gradients (``nn.Embedding(sparse=True)``). A table kept on another device than ``e`` (host memory
-    under a GPU trunk) is read there: only the looked-up rows travel.
+    under a GPU trunk) is read there: only the looked-up rows travel. It has no ``init`` option: ``P`` reaches the
+    residual stream only through the injections, whose ``init="function-preserving"`` makes the start unchanged
+    (the table then trains from the second step).
     """
 
     def __init__(self, vocab_size: int, hidden_size: int, num_layers: int, dim: int, *, eps: float = 1e-6,
