@@ -17,7 +17,7 @@ from plelab.config import resolve_config
 from plelab.model import build_model
 from plelab.precision import BF16_MARGIN, resolve_precision, study_precision
 from plelab.runs import make_trainer
-from plelab.sweeps.runner import _device, _precision_line, _prepare, run_config, sweep_precision
+from plelab.sweeps.runner import _device, _precision_line, prepare_runs, run_config, sweep_precision
 from plelab.sweeps.spec import Arm, SweepSpec
 
 CPU = torch.device("cpu")
@@ -64,7 +64,7 @@ def test_a_study_resolves_once_keeps_fp32_on_cpu_and_a_grown_sweep_keeps_what_it
     choice = sweep_precision(tmp_path / "a", spec)
     got = {a.name: run_config(spec, a, 0, choice.resolved).train.precision for a in spec.arms}
     assert got == {"dp0": "fp32", "dp16": "fp32", "bf16": "bf16"}  # an arm's own explicit value is kept
-    jobs = _prepare(tmp_path / "a", spec, choice.resolved)  # writes every run's config.json
+    jobs = prepare_runs(tmp_path / "a", spec, choice.resolved)  # writes every run's config.json
     line = _precision_line(choice, jobs, _device(spec))  # what run_sweep prints once
     assert line.startswith("precision fp32 — auto: a CPU study trains in fp32") and line.endswith("own: bf16")
     jobs[0].cfg.train.precision = "auto"  # a run started before precision was resolved: fp32 on this CPU

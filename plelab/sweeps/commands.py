@@ -20,7 +20,8 @@ from plelab.sweeps.lr_search import (DEFAULT_MULTS, DEFAULT_SEEDS, chosen_lrs, c
 from plelab.sweeps.preregister import preregister
 from plelab.sweeps.records import copy_records, record_path, sweep_roots
 from plelab.sweeps.results import collect
-from plelab.sweeps.runner import emit_scripts, folder_done, jobs_of, record_finished, run_sweep
+from plelab.sweeps.cluster import emit_scripts
+from plelab.sweeps.runner import folder_done, jobs_of, record_finished, run_sweep
 from plelab.sweeps.spec import (CONTROLS, DEFAULT_LAST_K, DP_DELTA, SweepSpec, dp_arms, load_spec,
                                 merge_spec)
 

@@ -10,8 +10,8 @@ run is never redone.
 - ``jobs=1``: runs one after another in this process (the tokenised corpus is loaded once);
 - ``jobs=N``: N worker processes with ``cores // N`` threads each (on 2 cores, a two-run
   ``cpu-sweep`` sweep finishes 1.13× sooner with two 1-thread workers: ``bench/sweep_jobs.py``);
-- ``emit="torchrun"`` / ``"slurm"``: write the per-run commands / a Slurm array script instead; with
-  ``nodes > 1`` each run spans that many nodes (torchrun's c10d rendezvous on the first node of the allocation).
+- ``emit="torchrun"`` / ``"slurm"``: write the per-run commands / a Slurm array script instead
+  (:mod:`plelab.sweeps.cluster`).
 
 A lock file keeps two sweep processes out of the same folder.
 """
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -36,7 +34,7 @@ from tqdm.auto import tqdm
 from plelab.config import RunConfig, resolve_config
 from plelab.config.schema import QUANTIZER_IDS
 from plelab.errors import PlelabError
-from plelab.io import atomic_write, ensure_dir, write_json
+from plelab.io import ensure_dir, write_json
 from plelab.precision import PrecisionChoice, study_precision
 from plelab.runs import make_trainer, prepare_data, warm_caches
 from plelab.runtime import available_cores, resolve_device
@@ -168,7 +166,7 @@ def sweep_lock(root: Path):
         yield
 
 
-def _prepare(root: Path, spec: SweepSpec, study: str | None = None) -> list[RunJob]:
+def prepare_runs(root: Path, spec: SweepSpec, study: str | None = None) -> list[RunJob]:
     jobs = jobs_of(root, spec, study)  # resolves (and so validates) every run's config before anything is written
     plan = save_spec(root, spec).plan
     for job in jobs:
@@ -184,65 +182,6 @@ def _prepare(root: Path, spec: SweepSpec, study: str | None = None) -> list[RunJ
 def train_command(job: RunJob, threads: int | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "plelab", "train", "--out", str(job.path), "--resume", "--no-progress"]
     return cmd + (["--set", f"train.threads={threads}"] if threads else [])
-
-
-#: the rendezvous of a multi-node run: torchrun on every node of the allocation meets on its first node
-RDZV = ("--nnodes=${NNODES} --nproc_per_node=${NPROC:-1} --rdzv_backend=c10d "
-        "--rdzv_endpoint=${MASTER_ADDR}:${MASTER_PORT:-29500} --rdzv_id=${RDZV_ID:-plelab}")
-
-
-def torchrun_line(job: RunJob, nodes: int = 1) -> str:
-    """The run's command under torchrun: ``--standalone`` on one node; on several, the c10d rendezvous flags
-    (:data:`RDZV`: ``NNODES``, ``NPROC``, ``MASTER_ADDR``, ``MASTER_PORT``, ``RDZV_ID`` from the environment)."""
-    args = ["train", "--out", str(job.path.resolve()), "--resume", "--no-progress"]
-    where = "--standalone --nproc_per_node=${NPROC:-1}" if nodes == 1 else RDZV
-    return f"torchrun {where} -m plelab " + " ".join(shlex.quote(a) for a in args)
-
-
-def _slurm_script(lines: list[str], nodes: int) -> str:
-    head = ["#!/usr/bin/env bash", "#SBATCH --job-name=plelab-sweep", f"#SBATCH --array=0-{max(0, len(lines) - 1)}",
-            "#SBATCH --output=slurm-%A_%a.out"]
-    if nodes == 1:
-        head += ["#SBATCH --gpus-per-task=1",
-                 "# One array task per unfinished run; each resumes from its own checkpoints if requeued.",
-                 "set -euo pipefail", "NPROC=${SLURM_GPUS_ON_NODE:-1}"]
-        run = 'eval "${RUNS[$SLURM_ARRAY_TASK_ID]}"'
-    else:
-        head += [f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive",
-                 f"# One array task per unfinished run, each on {nodes} nodes (one torchrun per node, all GPUs of the",
-                 "# node); each resumes from its own checkpoints if requeued. The run folders must be on a filesystem",
-                 "# every node sees (sharded checkpoints: each rank writes its own file).",
-                 "set -euo pipefail", "export NNODES=$SLURM_NNODES NPROC=${SLURM_GPUS_ON_NODE:-1}",
-                 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                 "export MASTER_PORT=${MASTER_PORT:-29500} RDZV_ID=$SLURM_JOB_ID-$SLURM_ARRAY_TASK_ID"]
-        run = 'srun --kill-on-bad-exit=1 bash -c "${RUNS[$SLURM_ARRAY_TASK_ID]}"'
-    return "\n".join(head) + "\nRUNS=(\n" + "".join(f"  {shlex.quote(line)}\n" for line in lines) + ")\n" + run + "\n"
-
-
-def emit_scripts(root: Path, spec: SweepSpec, kind: str, nodes: int = 1) -> Path:
-    """Write ``commands.sh`` (one torchrun line per unfinished run) or ``sweep.sbatch`` (a Slurm array; ``nodes``
-    per run)."""
-    if kind not in ("torchrun", "slurm"):
-        raise PlelabError(f"--emit {kind!r}: choose torchrun or slurm")
-    if nodes < 1:
-        raise PlelabError(f"--nodes must be >= 1, got {nodes}")
-    with sweep_lock(root):
-        jobs = [j for j in _prepare(root, spec) if run_state(j) != "done"]
-    if not jobs:
-        raise PlelabError(f"every run of {root} is done: nothing to emit; plelab report {root} writes the report")
-    lines = [torchrun_line(j, nodes) for j in jobs]
-    if kind == "torchrun":
-        note = ("# One line per unfinished run; set NPROC to the GPUs per run.\n" if nodes == 1 else
-                f"# One line per unfinished run, to start on each of its {nodes} nodes with NNODES={nodes}, NPROC\n"
-                "# (GPUs per node), MASTER_ADDR (the first node), MASTER_PORT and RDZV_ID set alike on all of them.\n")
-        body = "#!/usr/bin/env bash\n" + note + "set -euo pipefail\n" + "\n".join(lines) + "\n"
-        path = Path(root) / "commands.sh"
-    else:
-        body = _slurm_script(lines, nodes)
-        path = Path(root) / "sweep.sbatch"
-    atomic_write(path, lambda p: p.write_text(body))
-    os.chmod(path, 0o755)
-    return path
 
 
 def say(*args) -> None:
@@ -284,7 +223,7 @@ def run_sweep(root: str | Path, spec: SweepSpec, jobs: int = 1, progress: bool =
     root = Path(root)
     with sweep_lock(root):
         choice = sweep_precision(root, spec)
-        all_jobs = _prepare(root, spec, choice.resolved)
+        all_jobs = prepare_runs(root, spec, choice.resolved)
         todo = [j for j in all_jobs if run_state(j) != "done"]
         done = len(all_jobs) - len(todo)
         log(f"sweep {root}: {len(all_jobs)} runs ({len(spec.runnable())} arms × {len(spec.seeds)} seeds), "
