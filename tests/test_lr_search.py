@@ -64,3 +64,13 @@ def test_a_damaged_choice_is_refused_in_one_line(tmp_path):
         read_choice(tmp_path)
     with pytest.raises(ConfigError, match="not both"):
         dp_spec(preset="cpu-tiny", dp=[0, 8], lr_from=str(tmp_path), lrs={"baseline": 1e-3})
+
+
+def test_a_variant_with_its_own_learning_rate_is_not_a_chosen_rate(tmp_path):
+    from plelab.sweeps.spec import merge_spec, save_spec
+
+    root = tmp_path / "v"
+    spec = dp_spec(preset="cpu-tiny", dp=[0, 8], variants={"fast": ["train.lr=0.01"]})
+    save_spec(root, merge_spec(root, spec))
+    again = dp_spec(preset="cpu-tiny", dp=[0, 8], variants={"fast": ["train.lr=0.01"]}, existing=load_spec(root))
+    assert [a.overrides for a in again.arms] == [a.overrides for a in spec.arms]  # resumed as it was made

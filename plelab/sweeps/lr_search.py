@@ -17,6 +17,7 @@ group, ``x`` = the multiplier.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -133,12 +134,14 @@ def read_choice(folder: str | Path) -> dict[str, float]:
 
 
 def chosen_lrs(spec: SweepSpec) -> dict[str, float] | None:
-    """``{group: lr}`` of a sweep whose arms carry their own ``train.lr`` (made with ``--lr-from``), else None."""
+    """``{group: lr}`` of a sweep made with ``--lr-from`` (every runnable arm carries its own ``train.lr``), else
+    None — a variant that sets ``train.lr`` on its own arms is not a chosen rate."""
     lrs = {}
     for a in spec.runnable():
-        for o in a.overrides:
-            if o.startswith("train.lr="):
-                lrs["baseline" if a.name == spec.baseline else a.family] = float(o.split("=", 1)[1])
+        rate = next((o.split("=", 1)[1] for o in a.overrides if o.startswith("train.lr=")), None)
+        if rate is None:
+            return None
+        lrs["baseline" if a.name == spec.baseline else a.family] = float(rate)
     return lrs or None
 
 
@@ -154,8 +157,7 @@ def with_lrs(arms: list[Arm], baseline: str, lrs: dict[str, float]) -> list[Arm]
             raise ConfigError(f"the learning-rate choice has no rate for the {group} arms ({a.name}); rerun "
                               "plelab lr-search for this study's arms")
         extra = [o for o in a.overrides if not o.startswith("train.lr=")]
-        out.append(Arm(**{**a.__dict__, "overrides": [*extra, f"train.lr={lrs[group]:.6g}"]})
-                   if group in lrs else a)
+        out.append(dataclasses.replace(a, overrides=[*extra, f"train.lr={lrs[group]:.6g}"]) if group in lrs else a)
     return out
 
 
