@@ -201,14 +201,24 @@ def test_earliest_needs_coverage_and_names_its_looks():
 
 
 def test_truths_from_held_out_seeds():
-    assert used_truth([(0.02, 0.002), (0.03, 0.003)])[0] is True
-    assert used_truth([(0.0, 0.001), (0.001, 0.001)])[0] is False
-    assert used_truth([(0.005, 0.004), (0.004, 0.004)])[0] is None
-    better = benefit_truth([4.00, 4.01, 4.02], {"zero": [4.05, 4.07, 4.06], "iid": [4.04, 4.06, 4.05]})
-    assert better[0] is True and "vs zero" in better[1]
-    same = benefit_truth([4.00, 4.01, 4.02], {"zero": [4.05, 4.07, 4.06], "iid": [4.00, 4.01, 4.02]})
-    assert same[0] is False  # equal to the i.i.d. arm seed by seed: no benefit from the ids
-    assert benefit_truth([4.0], {"zero": [4.1]})[0] is None
+    rng = np.random.default_rng(0)
+    windows = rng.normal(0, 0.01, 64)  # the same windows for every seed: their spread is shared
+
+    def seeds(means):
+        return [m + windows + rng.normal(0, 0.001, 64) for m in means]
+
+    assert used_truth(seeds([0.03, 0.032, 0.031]))[0] is True
+    assert used_truth(seeds([0.0, 0.0005, -0.0005]))[0] is False
+    assert used_truth(seeds([0.003, 0.005, 0.004]))[0] is None
+    # the seeds are the unit: per-window errors alone would call this USED, the between-seed spread does not
+    spread = seeds([0.001, 0.03, 0.002])
+    assert used_truth(spread)[0] is None and "over 3 seeds × 64 disjoint windows" in used_truth(spread)[1]
+    assert used_truth(seeds([0.03]))[0] is None  # one held-out seed: no between-seed error
+    better = benefit_truth([4.00, 4.01, 4.02], {"no PLE": [4.05, 4.07, 4.06], "zero table": [4.04, 4.06, 4.05]})
+    assert better[0] is True and "vs no PLE" in better[1] and "vs zero table" in better[1]
+    same = benefit_truth([4.00, 4.01, 4.02], {"no PLE": [4.05, 4.07, 4.06], "zero table": [4.00, 4.01, 4.02]})
+    assert same[0] is False  # equal to the zero table seed by seed: the branch helps, the table's content does not
+    assert benefit_truth([4.0], {"no PLE": [4.1]})[0] is None
 
 
 def test_gate_held_at_zero_closes_the_branch():
@@ -230,15 +240,29 @@ def quick(tmp_path_factory):
 def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
     result = json.loads((quick / "calibration.json").read_text())
     b = result["benchmark"]
-    assert b["quick"] and b["runs"] == 30 and b["configurations"] == 8  # 10 arms, the two zero arms not called
-    assert b["calls"]["LEARNED"] == b["calls"]["USED"] == b["calls"]["BENEFIT"] == 8 * 3 * 8
+    # 11 arms: the no-PLE baseline and the two zero arms are BENEFIT's references, not called
+    assert b["quick"] and b["runs"] == 33 and b["configurations"] == 8
+    # LEARNED's weak positives (slow, small: 2 configurations) are reported apart, never scored
+    assert b["calls"]["USED"] == b["calls"]["BENEFIT"] == 8 * 3 * 8 and b["calls"]["LEARNED"] == 6 * 3 * 8
+    assert b["calls_apart"] == {"LEARNED": 2 * 3 * 8, "USED": 0, "BENEFIT": 0}
     calls = [json.loads(line) for line in (quick / "calls.jsonl").read_text().splitlines()]
-    assert len(calls) == sum(b["calls"].values())
+    assert len(calls) == sum(b["calls"].values()) + sum(b["calls_apart"].values())
     assert {c["cls"] for c in calls} == {"real", "scalar", "slow", "small", "iid", "frozen", "gate0"}
-    for c in calls:  # frozen tables and closed gates never move: their agreement is 0 by construction
+    for c in calls:
+        # frozen tables and closed gates never move: their agreement comes out 0 through diagnose's functions
         if c["call"] == "LEARNED" and c["cls"] in ("frozen", "gate0"):
-            assert c["score"] == 0.0 and c["truth"] is False
+            assert c["score"] == 0.0 and c["truth"] is False and not c["apart"]
+        assert bool(c["apart"]) == (c["call"] == "LEARNED" and c["cls"] in ("slow", "small"))
         assert math.isfinite(c["score"])
+        if c["call"] == "USED" and c["cls"] in ("iid", "gate0") or c["call"] == "BENEFIT" and c["cls"] == "gate0":
+            assert c["truth"] is False and c["truth_reason"].startswith("by construction")
+        elif c["call"] == "USED":  # a different intervention, on the other seeds' finals and other windows
+            assert "bin-mean ablation" in c["truth_reason"] and "over 2 seeds × 64 disjoint windows" in \
+                c["truth_reason"]
+        elif c["call"] == "BENEFIT":  # against the no-PLE baseline and the zero table, never the arm itself
+            assert "vs no PLE" in c["truth_reason"] and "vs zero table" in c["truth_reason"]
+    final_used = {c["config"]: c["truth"] for c in calls if c["call"] == "USED" and c["fraction"] == 1.0}
+    assert final_used["real-dp16"] is True and final_used["iid-dp16"] is False
     report = (quick / "report.md").read_text()
     points = result["curves"]["LEARNED"]["configuration"]
     assert [p["fraction"] for p in points] == [k / 8 for k in range(1, 9)]
@@ -256,10 +280,10 @@ def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
     assert result["thresholds"] == {"LEARNED": [], "USED": [], "BENEFIT": []}
     assert "LEARNED: no threshold at any decision point: the quantile rule at a 5% target per side needs >= 19" \
         in report
-    assert all(p["decided"] == 0 and p["configurations"] + p["truth_undecided"] == 8 for p in points)
+    assert all(p["decided"] == 0 and p["configurations"] + p["truth_undecided"] == 6 for p in points)  # LEARNED: 2 apart
     assert result["earliest"]["LEARNED"]["goal"] is None and "none of the 8 decision points" in report
     rules = result["rules"]["LEARNED"]
-    assert len(rules) == 8 and all(r["quantile"]["decided"] == 0 and r["minmax"]["configurations"] == 8 for r in rules)
+    assert len(rules) == 8 and all(r["quantile"]["decided"] == 0 and r["minmax"]["configurations"] == 6 for r in rules)
     assert "Threshold rules on the same folds" in report and "configs (calls)" in report
     rel = result["reliability"]["USED"]["h32-embedded"]
     assert rel["unit"] == "configuration" and set(rel["schemes"]) == {"configuration", "dP"}
@@ -274,6 +298,9 @@ def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
     learned = [c for c in calls if c["call"] == "LEARNED"]
     assert all(set(c["strata"]) == {"frequent", "rare"} for c in learned)
     assert all(c["strata"] == {"frequent": 0.0, "rare": 0.0} for c in learned if c["cls"] in ("frozen", "gate0"))
+    assert "What each call claims, and what scores it" in report and "apart: LEARNED slow (weak positive" in report
+    assert set(result["truths"]) == {"LEARNED", "USED", "BENEFIT"}
+    assert [a["cls"] for a in result["apart"]] == ["slow", "small"] and len(result["apart"][0]["points"]) == 8
     assert {c["strata"]["frequent"] for c in learned if c["cls"] == "real"} != {c["score"] for c in learned
                                                                                  if c["cls"] == "real"}
     for name in ("frequent", "rare"):

@@ -16,9 +16,11 @@ class       overrides (at dP = d)                                  LEARNED by co
 ``frozen``  table kept at its random init                          no (easy)
 ``gate0``   the seed's scalar gate held at 0 (no gradient)         no (easy)
 ``zero``    table zeroed and frozen                                not called: BENEFIT's reference
+``none``    no PLE at all (dP 0; one arm per regime)               not called: BENEFIT's reference
 ==========  =====================================================  ==========================
 
-USED and BENEFIT are not known by construction: they are read from the finished runs (:mod:`.truth`). Every
+USED and BENEFIT are known by construction for some classes and read from the finished runs for the others
+(:mod:`.truth`: what each call claims and what scores it). Every
 run checkpoints at ``DECISIONS`` evenly spaced points; each checkpoint is a decision point of the time curve.
 """
 
@@ -36,7 +38,7 @@ from plelab.sweeps.spec import Arm, SweepSpec, load_spec
 
 PRESET = "cpu-tiny"
 DECISIONS = 8  # checkpoints per run: decision points at 1/8, 2/8, ..., 8/8 of the run
-CLASSES = ("real", "scalar", "slow", "small", "iid", "frozen", "gate0", "zero")
+CLASSES = ("real", "scalar", "slow", "small", "iid", "frozen", "gate0", "zero", "none")
 LEARNED_BY_CLASS = {"real": True, "scalar": True, "slow": True, "small": True, "iid": False, "frozen": False,
                     "gate0": False}
 SLOW_LR = 0.01
@@ -44,7 +46,7 @@ CLASS_OVERRIDES = {
     "real": [], "small": [], "scalar": ["ple.gate=scalar", "ple.gate_init=1"],
     "slow": [f"train.table_lr_mult={SLOW_LR:g}"], "iid": ["ple.ids=iid"],
     "frozen": ["ple.table=frozen"], "gate0": ["ple.gate=scalar", "ple.gate_init=0", "ple.gate_learn=false"],
-    "zero": ["ple.table=zero"]}
+    "zero": ["ple.table=zero"], "none": []}
 # Model scales (on the cpu-tiny preset): hidden size, layers, FFN width, heads / kv heads.
 SCALES = {
     "h32": ["model.hidden_size=32", "model.num_hidden_layers=2", "model.intermediate_size=96",
@@ -62,8 +64,8 @@ COMMON = ["train.precision=fp32", "train.threads=1", f"train.diag_windows={USE_W
 
 @dataclass
 class Benchmark:
-    """What to train: ``scales`` × ``corpora`` regimes, each with the classes at ``dims`` (``small`` at the
-    smallest, every other class at each larger dP; ``iid`` and ``zero`` at every dP, BENEFIT's references),
+    """What to train: ``scales`` × ``corpora`` regimes, each with the no-PLE baseline and the classes at ``dims``
+    (``small`` at the smallest, every other class at each larger dP; ``iid`` and ``zero`` at every dP),
     ``seeds`` seeds of ``steps`` steps. ``corpora``: name -> data overrides (``[]``: the embedded corpus)."""
 
     scales: list[str] = field(default_factory=lambda: list(SCALES))
@@ -103,7 +105,7 @@ QUICK = Benchmark(scales=["h32"], dims=[4, 16], seeds=3, steps=128)
 def arms(dims: list[int]) -> list[Arm]:
     """The configurations of one regime (family = class, x = dP)."""
     dims = sorted(dims)
-    out = []
+    out = [Arm("none-dp0", ["ple.dim=0"], "none", 0, description="no PLE (dP 0)")]
     for d in dims:
         classes = ["small", "iid", "zero"] if d == dims[0] and len(dims) > 1 else \
             ["real", "scalar", "slow", "iid", "frozen", "gate0", "zero"]

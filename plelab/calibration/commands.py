@@ -19,6 +19,7 @@ from plelab.calibration.evaluate import (
     SCHEMES,
     STRETCH,
     TARGET,
+    apart_summary,
     earliest,
     fractions,
     held_out,
@@ -30,6 +31,7 @@ from plelab.calibration.evaluate import (
 from plelab.calibration.features import STRATA, Call, benchmark_calls
 from plelab.calibration.planted import PLANTED_VOCAB, write_planted
 from plelab.calibration.report import calibration_text
+from plelab.calibration.truth import TRUTHS
 from plelab.config import resolve_config
 from plelab.diagnostics.verdict import SHIPPED
 from plelab.errors import ConfigError
@@ -59,7 +61,7 @@ def _regime_facts(folder: Path) -> dict:
     per_step, rows = cfg.train.batch_size * cfg.train.seq_len, cfg.ple.resolved_vocab_size(cfg.model)
     return {"name": folder.name, "scale": scale, "corpus": corpus, "hidden_size": cfg.model.hidden_size,
             "layers": cfg.model.num_hidden_layers, "rows": rows,
-            "dims": sorted({int(a.x) for a in spec.arms}), "steps": spec.steps, "seeds": len(spec.seeds),
+            "dims": sorted({int(a.x) for a in spec.arms if a.family != "none"}),  # dP 0: a reference, never called "steps": spec.steps, "seeds": len(spec.seeds),
             "tokens_per_step": per_step, "runs": len(spec.arms) * len(spec.seeds),
             "tokens_per_row": [spec.steps // DECISIONS * per_step / rows, spec.steps * per_step / rows]}
 
@@ -177,6 +179,7 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
     folders = run_benchmark(root, bench, jobs=jobs, progress=progress)
     train_s = time.perf_counter() - start
     calls = benchmark_calls(folders, progress=progress)
+    scored = [c for c in calls if not c.apart]
     atomic_write(root / "calls.jsonl", lambda p: p.write_text("".join(json.dumps(c.to_dict()) + "\n"
                                                                       for c in calls)))
     regimes = [_regime_facts(f) for f in folders]
@@ -184,13 +187,15 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
                             "regimes": [r["name"] for r in regimes],
                             "runs": sum(r["runs"] for r in regimes),
                             "configurations": len({(c.regime, c.config) for c in calls}),
-                            "calls": {k: sum(c.call == k for c in calls) for k in KINDS},
+                            "calls": {k: sum(c.call == k for c in scored) for k in KINDS},
+                            "calls_apart": {k: sum(c.call == k for c in calls if c.apart) for k in KINDS},
                             "seconds": round(time.perf_counter() - start, 1), "train_seconds": round(train_s, 1),
                             "run_seconds": round(sum(_run_seconds(f) for f in folders), 1),
                             "versions": versions(), "git_commit": git_commit(),
                             "command": calibrate_command(quick, corpora, planted, scales, seeds, steps, dims, jobs,
                                                          out)},
-              "regimes": regimes, **analyse(calls, regimes)}
+              "regimes": regimes, "truths": TRUTHS, **analyse(scored, regimes)}
+    result["apart"] = apart_summary([c for c in calls if c.apart], result["thresholds"])
     write_json(root / "calibration.json", result)
     atomic_write(root / "report.md", lambda p: p.write_text(calibration_text(result, markdown=True)))
     if write_thresholds:

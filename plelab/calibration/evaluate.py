@@ -330,3 +330,33 @@ def rule_comparison(calls: list[Call], kind: str, scheme: str = "configuration")
                          "decided": r.decided, "configurations": r.configurations}
         out.append(row)
     return out
+
+
+def apart_summary(apart: list[Call], thresholds: dict[str, list[dict]]) -> list[dict]:
+    """Calls reported apart (``Call.apart``), per call kind and class: why, and at each decision point how the
+    fitted ``thresholds`` (:func:`shipped_thresholds`) call their configurations (each by the majority of its
+    calls: positive, negative or undecided). Counts for reading, never a rate: these calls have no independent
+    truth."""
+    out = []
+    for kind, cls in sorted({(c.call, c.cls) for c in apart}):
+        mine = [c for c in apart if c.call == kind and c.cls == cls]
+        rows = {r["fraction"]: r for r in thresholds.get(kind, [])}
+        points = []
+        for f in fractions(mine):
+            row = rows.get(f)
+            th = None if row is None else (-math.inf if row["lo"] is None else row["lo"],
+                                           math.inf if row["hi"] is None else row["hi"])
+            votes: dict[tuple, list[bool | None]] = {}
+            for c in mine:
+                if c.fraction == f:
+                    votes.setdefault(config_key(c), []).append(decide(c.score, th))
+            counts = {"positive": 0, "negative": 0, "undecided": 0}
+            for v in votes.values():
+                word = ("positive" if 2 * v.count(True) > len(v) else "negative" if 2 * v.count(False) > len(v)
+                        else "undecided")
+                counts[word] += 1
+            points.append({"fraction": f, **counts})
+        out.append({"call": kind, "cls": cls, "why": mine[0].apart,
+                    "configurations": len({config_key(c) for c in mine}), "points": points})
+    return out
+

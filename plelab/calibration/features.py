@@ -4,18 +4,21 @@ One :class:`Call` is one verdict a user would get: LEARNED from a pair of seeds'
 one run, at one checkpoint. Its ``score`` is the verdict's statistic in units of its own null:
 
 - LEARNED: z = (CKA − null mean) / null sd of the two seeds' Δ = W_t − W_0 (:func:`cka_against_null`: rows of
-  similar frequency shuffled); a table that never moved (frozen, gate held at 0) has Δ = 0 and z = 0. The same z
+  similar frequency shuffled), computed for every class through the functions ``plelab diagnose`` calls (a table
+  that never moved — frozen, gate held at 0 — comes out z = 0 there, not by assignment here). The same z
   of each frequency stratum (the rows above and below the median count, each against its own null) is kept in
   ``strata``, so the report can say whether thresholds per stratum decide differently;
 - USED and BENEFIT: z = Δ_permute / se, the paired validation-loss cost of shuffling the rows among rows of
   similar frequency, over the checkpoint's validation windows (the trainer's use test); Δ = se = 0 gives 0.
 
 BENEFIT's baselines (``baselines``), the obvious competitors from the same checkpoints: the early paired loss Δ
-against the zero-table and i.i.d.-id arms of the same seed (the worse of the two, negated: higher = better),
-and the early loss slope difference over the second half of the run so far (likewise).
+against BENEFIT's references of the same seed (the no-PLE baseline and the zero table: the worse of the two,
+negated: higher = better), and the early loss slope difference over the second half of the run so far (likewise).
 
-The truth of a USED or BENEFIT call is read from the *other* seeds' final checkpoints (:mod:`.truth`), so that
-the call and its truth share no run; LEARNED's is the class's construction.
+What scores each call (:mod:`.truth`): LEARNED's truth is the class's construction; USED's and BENEFIT's are
+by construction where it holds, else read from the *other* seeds' final checkpoints — USED's through a different
+intervention on other windows — so that a call and its truth share no run and no statistic. A call scored apart
+(``apart``: LEARNED's weak positives) is written to ``calls.jsonl`` but never fits a threshold or enters a rate.
 """
 
 from __future__ import annotations
@@ -27,14 +30,22 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+import torch
+
 from plelab.calibration.benchmark import DECISIONS, LEARNED_BY_CLASS
-from plelab.calibration.truth import benefit_truth, used_truth
+from plelab.calibration.truth import NO_BENEFIT, NOT_USED, REFERENCES, WEAK, benefit_truth, used_truth
+from plelab.data.tokens import disjoint_val_windows
 from plelab.diagnostics.agreement import cka_against_null
 from plelab.diagnostics.diagnose import RunTable
 from plelab.diagnostics.tables import find_table
-from plelab.diagnostics.verdict import use_z
+from plelab.diagnostics.usage import ablation_losses
+from plelab.diagnostics.verdict import structure_z, use_z
 from plelab.errors import PlelabError
+from plelab.model.init import build_model
+from plelab.model.ple import IIDTableIds
 from plelab.runs import prepare_data
+from plelab.training.checkpoint import load_model_weights
+from plelab.training.rows import row_counts
 from plelab.sweeps.results import checkpoint_path
 from plelab.sweeps.runner import RunJob, folder_done, jobs_of, run_state
 from plelab.sweeps.spec import load_spec
@@ -63,6 +74,7 @@ class Call:
     truth_reason: str = ""
     baselines: dict[str, float] = field(default_factory=dict)
     strata: dict[str, float] = field(default_factory=dict)  # LEARNED: the z of each frequency stratum's rows
+    apart: str = ""  # why the call is reported apart, never fitted or scored ("": scored)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -86,7 +98,7 @@ def _read_run(job: RunJob, steps: list[int]) -> _Run:
         raise PlelabError(f"{job.path}: no evaluation at step {missing[0]} in metrics.jsonl; delete that run folder "
                           "and rerun plelab calibrate to redo it")
     use = {}
-    if job.cfg.ple.table == "zero":
+    if job.cfg.ple.table == "zero" or job.cfg.ple.dim == 0:
         return _Run(job, use, val, history, float(np.mean([v for _, v in history[-LAST_K:]])))
     for step in steps:
         path = checkpoint_path(job.path, step) / "diagnostics.json"
@@ -112,18 +124,25 @@ def _slope(history: list[tuple[int, float]], step: int) -> float:
 
 def _cka_z(da, db, counts: np.ndarray, seed: int) -> float:
     res = cka_against_null(da.flatten(1), db.flatten(1), counts, seed=seed)
-    return (res["cka"] - res["null_mean"]) / res["null_sd"] if res["null_sd"] > 0 else 0.0
+    return structure_z(res["cka"], res["null_mean"], res["null_sd"])
+
+
+def _ablation(job: RunJob, step: int, data, windows: torch.Tensor) -> np.ndarray:
+    """USED's truth for one run: the per-window loss change ``[n_w]`` at ``step`` when every row is replaced by
+    its frequency bin's mean (:func:`ablation_losses`), on ``windows`` (disjoint from the use test's)."""
+    ckpt = checkpoint_path(job.path, step)
+    table = RunTable(find_table(ckpt), data)
+    model = build_model(table.cfg.model, table.cfg.ple, seed=table.cfg.seed)
+    load_model_weights(model, ckpt)
+    iid = IIDTableIds(torch.from_numpy(row_counts(table.cfg, data))) if table.cfg.ple.ids == "iid" else None
+    return ablation_losses(model, windows, table.counts, batch=16, device=torch.device("cpu"), iid=iid).numpy()
 
 
 def _structure(runs: list[_Run], step: int, data) -> list[tuple[int, int, float, dict[str, float]]]:
     """``(seed_a, seed_b, z, {stratum: z})`` for cyclic seed pairs of one configuration at ``step``; the strata
     (:data:`STRATA`) split the rows both seeds used at their median count, each with its own null."""
-    cfg = runs[0].job.cfg
     seeds = [r.job.seed for r in runs]
     pairs = [(seeds[i], seeds[(i + 1) % len(seeds)]) for i in range(len(seeds))]
-    if cfg.ple.table != "learned" or (not cfg.ple.gate_learn and cfg.ple.gate_init == 0):
-        # Δ = 0 by construction: nothing moved, nothing to agree on
-        return [(a, b, 0.0, dict.fromkeys(STRATA, 0.0)) for a, b in pairs]
     tables = {r.job.seed: RunTable(find_table(checkpoint_path(r.job.path, step)), data) for r in runs}
     out = []
     for a, b in pairs:
@@ -158,36 +177,48 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
     by_arm: dict[str, list[_Run]] = {}
     for job in jobs:
         by_arm.setdefault(job.arm.name, []).append(_read_run(job, steps))
+    missing = [a for a in REFERENCES.values() if "{" not in a and a not in by_arm]
+    if missing:
+        raise PlelabError(f"{folder} has no {missing[0]} arm (BENEFIT's no-PLE reference; a folder made before it "
+                          "was added): rerun plelab calibrate with the same --out to train it")
     cfg = jobs[0].cfg
+    windows = disjoint_val_windows(data.val, cfg.train.seq_len, cfg.train.diag_windows,
+                                   avoid=cfg.train.eval_batches * cfg.train.batch_size)
     vp = cfg.ple.resolved_vocab_size(cfg.model)
     per_step = cfg.train.batch_size * cfg.train.seq_len
     calls: list[Call] = []
     bar = tqdm(total=len(by_arm) * len(steps), desc=f"calls {folder.name}", disable=not progress, leave=False)
     for arm_name, runs in by_arm.items():
         arm = runs[0].job.arm
-        if arm.family == "zero":
+        if arm.family in ("zero", "none"):
             bar.update(len(steps))
             continue
         d = int(arm.x)
-        refs = {r: {x.job.seed: x for x in by_arm[f"{r}-dp{d}"]} for r in ("zero", "iid")}
+        refs = {r: {x.job.seed: x for x in by_arm[name.format(d=d)]} for r, name in REFERENCES.items()}
 
         def call(kind: str, seeds: list[int], step: int, score: float, truth, reason: str, base=None,
-                 strata=None) -> Call:
+                 strata=None, apart: str = "") -> Call:
             return Call(kind, folder.name, scale, corpus, arm_name, arm.family, d, seeds, step, step / spec.steps,
                         step * per_step, step * per_step / vp, float(score), truth, reason, base or {},
-                        strata or {})
+                        strata or {}, apart)
 
         finals = {r.job.seed: r for r in runs}
-        truths = {}  # seed -> the USED and BENEFIT truths read off the other seeds' finals
+        ablation = ({} if arm.family in NOT_USED else
+                    {s: _ablation(r.job, spec.steps, data, windows) for s, r in finals.items()})
+        truths = {}  # seed -> the USED and BENEFIT truths: by construction, or read off the other seeds' finals
         for s in finals:
             others = [x for x in finals if x != s]
-            truths[s] = (used_truth([finals[o].use.get(spec.steps, (0.0, 0.0)) for o in others]),
-                         benefit_truth([finals[o].final for o in others],
-                                       {k: [refs[k][o].final for o in others] for k in refs}))
+            used = ((False, NOT_USED[arm.family]) if arm.family in NOT_USED
+                    else used_truth([ablation[o] for o in others]))
+            benefit = ((False, NO_BENEFIT[arm.family]) if arm.family in NO_BENEFIT
+                       else benefit_truth([finals[o].final for o in others],
+                                          {k: [refs[k][o].final for o in others] for k in refs}))
+            truths[s] = used, benefit
+        weak = "weak positive: labelled by its construction only" if arm.family in WEAK else ""
         for step in steps:
             for a, b, z, strata in _structure(runs, step, data):
                 calls.append(call("LEARNED", [a, b], step, z, LEARNED_BY_CLASS[arm.family], "by construction",
-                                  strata=strata))
+                                  strata=strata, apart=weak))
             for r in runs:
                 s = r.job.seed
                 z = use_z(*r.use.get(step, (0.0, 0.0)))

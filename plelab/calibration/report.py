@@ -110,6 +110,17 @@ def _planted(result: dict) -> list[str]:
             f"{p['open']}.", ""]
 
 
+def _truths(result: dict, markdown: bool) -> list[str]:
+    """What each call claims and what scores it; the calls reported apart and how the thresholds call them."""
+    out = [("## " if markdown else "") + "What each call claims, and what scores it", ""]
+    out += [f"- {kind}: {text}" for kind, text in (result.get("truths") or {}).items()]
+    for a in result.get("apart") or []:
+        pts = "; ".join(f"{p['fraction']:.3f} {p['positive']}/{p['negative']}/{p['undecided']}" for p in a["points"])
+        out.append(f"- apart: {a['call']} {a['cls']} ({a['why']}), {a['configurations']} configurations — called "
+                   f"positive/negative/undecided by the fitted thresholds at each decision point: {pts}")
+    return [*out, ""]
+
+
 def calibration_text(result: dict, markdown: bool = False) -> str:
     b = result["benchmark"]
     lines = [("# " if markdown else "") + ("Calibration (quick pipeline check)" if b["quick"] else "Calibration"),
@@ -117,13 +128,15 @@ def calibration_text(result: dict, markdown: bool = False) -> str:
              f"{b['runs']} runs in {len(b['regimes'])} regimes ({', '.join(b['regimes'])}), {b['configurations']} "
              f"called configurations, {b['seeds']} seeds, {b['steps']} steps each; calls: "
              + ", ".join(f"{k} {v}" for k, v in b["calls"].items())
+             + ("; reported apart: " + ", ".join(f"{k} {v}" for k, v in b["calls_apart"].items() if v)
+                if any((b.get("calls_apart") or {}).values()) else "")
              + f"; this invocation {b['seconds']:.0f} s ({b['train_seconds']:.0f} s of it training) on "
              f"{b['versions'].get('cpu', '?')}.",
              f"Training the runs took {b['run_seconds'] / 60:.1f} minutes of run wall time in all (summed over runs).",
              f"Command: `{b['command']}`",
              "Scored calls have a truth the finished runs decide; 'truth open' calls (the held-out seeds' finals "
              "decide neither way) are counted and never scored.", ""]
-    lines += [UNIT, ""]
+    lines += [UNIT, "", *_truths(result, markdown)]
     if b["quick"]:
         lines += ["A pipeline check on a tiny benchmark: its rates are not the verdict's reliability.", ""]
     for kind, schemes in result["curves"].items():

@@ -168,16 +168,40 @@ class PackedSampler:
         return steps_done * global_batch / self.num_sequences
 
 
-def val_windows(stream: np.ndarray, seq_len: int, max_windows: int) -> torch.Tensor:
-    """Up to ``max_windows`` non-overlapping windows of ``seq_len + 1``, spread evenly over the
-    validation stream. Shape ``[N, T+1]``; the same for every run on the same data."""
+def _window_index(stream: np.ndarray, seq_len: int, max_windows: int) -> tuple[int, np.ndarray]:
     total = (len(stream) - 1) // seq_len
     if total < 1:
         raise PlelabError(f"the validation split has {len(stream)} tokens, fewer than train.seq_len+1={seq_len + 1}; "
                           "raise data.val_fraction or lower train.seq_len")
-    idx = np.unique(np.linspace(0, total - 1, num=min(max_windows, total)).round().astype(np.int64))
-    rows = np.stack([np.asarray(stream[i * seq_len:i * seq_len + seq_len + 1], dtype=np.int64) for i in idx])
-    return torch.from_numpy(rows)
+    return total, np.unique(np.linspace(0, total - 1, num=min(max_windows, total)).round().astype(np.int64))
+
+
+def _rows(stream: np.ndarray, seq_len: int, idx: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.stack([np.asarray(stream[i * seq_len:i * seq_len + seq_len + 1], dtype=np.int64)
+                                      for i in idx]))
+
+
+def val_windows(stream: np.ndarray, seq_len: int, max_windows: int) -> torch.Tensor:
+    """Up to ``max_windows`` non-overlapping windows of ``seq_len + 1``, spread evenly over the
+    validation stream. Shape ``[N, T+1]``; the same for every run on the same data."""
+    _, idx = _window_index(stream, seq_len, max_windows)
+    return _rows(stream, seq_len, idx)
+
+
+def disjoint_val_windows(stream: np.ndarray, seq_len: int, max_windows: int, avoid: int) -> torch.Tensor:
+    """Up to ``max_windows`` windows ``[N, T+1]`` of the validation stream spread evenly over the slots that
+    :func:`val_windows` ``(stream, seq_len, avoid)`` leaves out, sharing no token position with those windows
+    (a window and its neighbour slot overlap by one token, so the neighbours of its windows are skipped too)."""
+    total, taken = _window_index(stream, seq_len, avoid)
+    near = np.zeros(total, dtype=bool)
+    for k in (-1, 0, 1):
+        near[np.clip(taken + k, 0, total - 1)] = True
+    free = np.flatnonzero(~near)
+    if len(free) == 0:
+        raise PlelabError(f"the validation split ({len(stream):,} tokens) has no window outside the {len(taken)} the "
+                          "evaluation reads; raise data.val_fraction or lower train.seq_len")
+    pick = np.unique(np.linspace(0, len(free) - 1, num=min(max_windows, len(free))).round().astype(np.int64))
+    return _rows(stream, seq_len, free[pick])
 
 
 def data_val_windows(data: TokenData, seq_len: int, max_windows: int) -> torch.Tensor:
@@ -199,5 +223,5 @@ def data_val_windows(data: TokenData, seq_len: int, max_windows: int) -> torch.T
     return torch.stack([parts[k][i] for _, k, i in order])
 
 
-__all__ = ["PackedSampler", "TokenData", "data_val_windows", "pieces", "split_documents", "split_for_training",
+__all__ = ["PackedSampler", "TokenData", "data_val_windows", "disjoint_val_windows", "pieces", "split_documents", "split_for_training",
            "val_windows"]

@@ -32,7 +32,11 @@ def comparable(delta: torch.Tensor, counts: np.ndarray) -> torch.Tensor:
 def cka_against_null(a: torch.Tensor, b: torch.Tensor, counts: np.ndarray, seed: int = 0) -> dict:
     """Cross-seed CKA of ``a [N, d_a]`` and ``b [N, d_b]`` (rows: the same ids) and its permutation null: ``b``'s rows
     shuffled among rows of similar frequency (``counts [N]``), 20 draws. What frequency alone explains — in any
-    functional form — survives the shuffle; what an id's own row learned does not."""
+    functional form — survives the shuffle; what an id's own row learned does not. A table that never moved (Δ ≡ 0:
+    frozen, or its gate held at 0) has nothing to agree on: CKA, null mean and sd are 0 (z = 0), with a ``note``."""
+    if not bool(a.any()) or not bool(b.any()):
+        return {"cka": 0.0, "null_mean": 0.0, "null_sd": 0.0, "null": "rows permuted within frequency bins",
+                "note": "Δ = 0: a table that never moved agrees with nothing (z = 0)"}
     ca, cb = comparable(a, counts), comparable(b, counts)
     value = linear_cka(ca, cb)
     nulls = [linear_cka(ca, cb[within_bin_permutation(counts, seed + k)]) for k in range(NULL_DRAWS)]

@@ -185,10 +185,11 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
 
     run = table_of(source)
     if run.cfg is not None and run.cfg.ple.table != "learned":
-        report["notes"].append(f"ple.table={run.cfg.ple.table}: the table was not trained (Δ = 0), so STRUCTURE does "
-                               "not apply" + ("; the use test asks whether the model relies on its random rows"
-                                              if run.cfg.ple.table == "frozen" else " and there is nothing to use"))
-        reference = null_run = null_reference = None
+        report["notes"].append(f"ple.table={run.cfg.ple.table}: the table was not trained (Δ = 0): two such tables "
+                               "agree only as their null does (z = 0)" +
+                               ("; the use test asks whether the model relies on its random rows"
+                                if run.cfg.ple.table == "frozen" else "; there is nothing to use"))
+        null_run = null_reference = None
         use = use and run.cfg.ple.table == "frozen"
     ref = table_of(find_table(reference)) if reference is not None else None
     nul = table_of(find_table(null_run)) if null_run is not None else None

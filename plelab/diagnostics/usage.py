@@ -7,6 +7,11 @@ with the table (or one layer's slice of it) changed:
 - ``permute``: rows shuffled among rows of similar training frequency (what each id's row
   says is scrambled, while the distribution of rows the model sees is kept).
 
+:func:`ablation_losses` is a third intervention, which no verdict reads: every row replaced by the mean of its
+frequency bin (what distinguishes a row from rows of similar frequency removed by averaging, not by exchange).
+The calibration benchmark scores the USE call with it, on other seeds and other windows
+(:mod:`plelab.calibration.truth`), so that a call is never scored by its own statistic.
+
 The reported change is the mean over windows of ``loss_intervened − loss_trained`` with its
 standard error across windows. A table that carries nothing the model uses gives ≈ 0.
 """
@@ -99,3 +104,23 @@ def use_metrics(model: nn.Module, windows: torch.Tensor, w0: torch.Tensor | None
             se = float(diff.std(unbiased=True) / len(diff) ** 0.5) if len(diff) > 1 else float("nan")
             results.append(Intervention(kind, layer, float(diff.mean()), se, len(diff)))
     return float(base.mean()), results
+
+
+def bin_mean_rows(weight: torch.Tensor, counts: np.ndarray, bin_size: int = 16) -> torch.Tensor:
+    """``weight [Vp, ·]`` with every row replaced by the mean of its frequency bin (:func:`frequency_bins`)."""
+    out = weight.detach().float().cpu().clone()
+    for b in frequency_bins(counts, bin_size):
+        idx = torch.from_numpy(np.asarray(b, dtype=np.int64))
+        out[idx] = out[idx].mean(0, keepdim=True)
+    return out
+
+
+def ablation_losses(model: nn.Module, windows: torch.Tensor, counts: np.ndarray, batch: int, device: torch.device,
+                    iid: IIDTableIds | None = None, table: tuple[nn.Parameter, int, int] | None = None,
+                    logits_of: Callable | None = None) -> torch.Tensor:
+    """Per-window paired loss change ``[N]`` (nats; > 0: the model needed what the rows said) when every row of the
+    table is replaced by the mean of its frequency bin (:func:`bin_mean_rows`); arguments as :func:`use_metrics`."""
+    weight = PLEModules(model).table if table is None else table[0]
+    base = window_losses(model, windows, batch, device, iid, logits_of)
+    with weight_swapped(weight, bin_mean_rows(weight, counts)):
+        return window_losses(model, windows, batch, device, iid, logits_of) - base

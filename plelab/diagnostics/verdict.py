@@ -11,9 +11,10 @@ STRUCTURE — has the table learned something that is not initialisation noise?
 USE — does the model rely on the table?
   z = Δ / se of the paired validation-loss change when rows are permuted among rows of similar frequency
   (``usage.py``), se across windows.
-BENEFIT — will the table beat the zero-table and i.i.d.-id arms at the end? Called from the same use z with its
-  own thresholds. Reliance is not benefit; the calibration report says how often this call is wrong and whether it
-  beats the early paired loss Δ, which needs the control arms trained.
+BENEFIT — will adding the table beat the same model without PLE, and its content beat the same branch with a zero
+  table, at the end? Called from the same use z with its own thresholds. Reliance is not benefit; the calibration
+  report says how often this call is wrong and whether it beats the early paired loss Δ, which needs the control
+  arms trained. What scores each call on the benchmark: :mod:`plelab.calibration.truth`.
 
 Each call is positive when z > hi, negative when z < lo, UNDECIDED between. ``hi`` and ``lo`` are fitted by
 ``plelab calibrate --write-thresholds`` on a labelled benchmark (planted negatives: i.i.d. ids, a frozen table, a
@@ -114,7 +115,7 @@ def structure_verdict(cka: float | None, null_mean: float | None, null_sd: float
     if cka is None or null_mean is None:
         return UNDECIDED, ("no second seed's Δ to compare with (give a reference run of another seed): W_t alone "
                            "cannot tell")
-    z = (cka - null_mean) / null_sd if null_sd and null_sd > 0 else 0.0
+    z = structure_z(cka, null_mean, null_sd)
     word, why = _call(z, "LEARNED", fraction, LEARNED, NOT_DIST)
     reason = f"cross-seed CKA of Δ {cka:.3f} vs permutation null {null_mean:.3f}±{null_sd:.3f}: {why}"
     if null_run_cka is not None:
@@ -125,6 +126,12 @@ def structure_verdict(cka: float | None, null_mean: float | None, null_sd: float
         reason += " (frequency-only agreement excluded up to a smooth function of log-frequency; "\
                   "a null-control pair of runs controls it fully)"
     return word, reason
+
+
+def structure_z(cka: float, null_mean: float, null_sd: float | None) -> float:
+    """The LEARNED statistic in null units: (CKA − null mean) / null sd (0 where the null has no spread: a table
+    that never moved, :func:`plelab.diagnostics.agreement.cka_against_null`)."""
+    return (cka - null_mean) / null_sd if null_sd and null_sd > 0 else 0.0
 
 
 def use_z(delta: float, se: float) -> float:
@@ -146,7 +153,8 @@ def benefit_verdict(delta: float | None, se: float | None, fraction: float | Non
     if delta is None:
         return UNDECIDED, "no use test: BENEFIT is called from it"
     word, why = _call(use_z(delta, se), "BENEFIT", fraction, BENEFIT, NO_BENEFIT)
-    return word, f"benefit over the zero-table and i.i.d.-id arms predicted from the use test: {why}"
+    return word, (f"benefit over the same model without PLE and over the zero table, predicted from the use test: "
+                  f"{why}")
 
 
 def verdict(cka=None, null_mean=None, null_sd=None, null_run_cka=None, delta=None, se=None,
@@ -166,7 +174,7 @@ def layer_verdict(cka=None, null_mean=None, null_sd=None, delta=None, se=None, l
     if cka is None or null_mean is None:
         parts.append("no cross-seed comparison")
     else:
-        z = (cka - null_mean) / null_sd if null_sd and null_sd > 0 else 0.0
+        z = structure_z(cka, null_mean, null_sd)
         parts.append(f"cross-seed CKA of Δ {cka:.3f} vs null {null_mean:.3f} (z {z:.1f})")
     parts.append("use test not run" if delta is None else f"permute costs {delta:+.4f}±{se:.4f} nats "
                  f"(z {use_z(delta, se):.1f})")
