@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -53,12 +55,12 @@ def tiny_data():
     return prepare_tokens(corpus, tok, 0.05)
 
 
-# ---- the malformed-input suite's count (tests/test_malformed_inputs.py::test_malformed_input) ------------------
+# ---- the malformed-input suite's count (tests/test_malformed_inputs*.py::test_malformed_input) -----------------
 _MALFORMED: dict[str, str] = {}
 
 
 def pytest_runtest_logreport(report):
-    if "test_malformed_inputs.py::test_malformed_input[" not in report.nodeid:
+    if not re.search(r"test_malformed_inputs(_\d+)?\.py::test_malformed_input\[", report.nodeid):
         return
     if hasattr(report, "wasxfail"):
         outcome = "xpassed" if report.passed else "xfailed"

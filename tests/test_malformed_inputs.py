@@ -8,7 +8,6 @@ byte-identical after it. Pickle payloads in the fixtures would create ``PWNED`` 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -19,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from malformed import refused
+from malformed import snapshot as _snapshot
 from safetensors.torch import save_file
 from safetensors_edit import relabel
 
@@ -503,29 +504,10 @@ CASES = {
 }
 
 
-def _snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_malformed_input(case, work, capsys):
     build, needle = CASES[case]
-    argv = build(work)
-    before = _snapshot(work)
-    capsys.readouterr()
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse errors exit from inside parse_args
-        code = exc.code
-    err = capsys.readouterr().err
-    assert code == 2, (argv, err)
-    assert err.count("\n") == 1 and err.startswith("plelab: error: ") and "Traceback" not in err, err
-    assert needle in err, err
-    after = _snapshot(work)
-    changed = [p for p, h in before.items() if after.get(p) != h]
-    assert not changed, f"{case} changed or removed {changed[:3]}"
-    assert not list(Path(os.environ["PLELAB_CACHE"]).glob("ingest/.*")), "an ingest left a half-written cache entry"
+    refused(build(work), needle, work, capsys)
     assert not (work / "PWNED").exists() and not (work / "escaped").exists() and not (work / "cases" / "x").exists()
 
 

@@ -3,7 +3,7 @@ folders.
 
 A source is resolved once (:func:`resolve_source`: which files, of which kind) and then read as a
 stream of documents (:func:`iter_documents`) in bounded memory: text files in blocks, JSONL line
-by line through the decompressor (:mod:`plelab.data.archives`: read to a verified end), Parquet one
+by line through the decompressor (:mod:`plelab.data.jsonl`; archives read to a verified end), Parquet one
 record batch at a time, a ``save_to_disk`` folder through its memory-mapped Arrow files (the text column of
 either must be string-typed, in every file: a binary or integer column is refused, not skipped). :func:`source_manifest` lists (path, size, mtime) without
 reading anything, so a warm cache is recognised without re-reading the text.
@@ -16,15 +16,14 @@ missing text field, a folder mixing text with token shards) raise a one-line
 from __future__ import annotations
 
 import codecs
-import io
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from plelab.data.archives import BLOCK_BYTES, blocks
+from plelab.data.archives import blocks
 from plelab.data.corpus import Corpus, embedded_corpus, embedded_name
+from plelab.data.jsonl import jsonl_documents
 from plelab.errors import PlelabError
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
@@ -219,67 +218,6 @@ def chunk_paragraphs(text, min_chars: int = 2000) -> Iterator[str]:
         yield "\n\n".join(buf)
 
 
-MAX_LINE = 1 << 26  # a JSONL line (one document) longer than 64 MiB is refused, not read whole
-
-
-def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
-    """One document per JSON object line, its text in ``text_field`` (null and blank texts are skipped)."""
-    lines = io.BufferedReader(_LineSource(path), BLOCK_BYTES)
-    n = 0
-    while True:
-        raw = lines.readline(MAX_LINE + 1)
-        if not raw:
-            return
-        n += 1
-        if len(raw) > MAX_LINE:
-            raise PlelabError(f"{path} line {n} is longer than {MAX_LINE >> 20} MiB; JSONL holds one document per "
-                              "line (a JSON array is not JSONL)")
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise PlelabError(f"{path} line {n} is not UTF-8 (invalid byte at column {err.start + 1}); "
-                              "convert the file to UTF-8") from None
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise PlelabError(f"{path} line {n} is not valid JSON ({err.msg}); "
-                              "each line must be one JSON object") from None
-        if not isinstance(record, dict) or text_field not in record:
-            raise PlelabError(f"{path} line {n} has no field {text_field!r}; choose the text field with --text-field")
-        text = record[text_field]
-        if text is None:
-            continue
-        if not isinstance(text, str):
-            raise PlelabError(f"{path} line {n}: field {text_field!r} is {type(text).__name__}, not text")
-        if text.strip():
-            yield text.strip()
-
-
-class _LineSource(io.RawIOBase):
-    """:func:`~plelab.data.archives.blocks` as a readable raw stream (so ``TextIOWrapper`` can read lines through any decompressor)."""
-
-    def __init__(self, path: Path) -> None:
-        self._it = blocks(path)
-        self._buf = next(self._it, b"")
-        if b"\x00" in self._buf[:65536]:
-            raise PlelabError(f"{path} looks binary (it contains NUL bytes); pass UTF-8 JSON lines "
-                              "(a compressed file needs its .gz or .zst suffix)")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        while not self._buf:
-            self._buf = next(self._it, b"")
-            if not self._buf:
-                return 0
-        n = min(len(b), len(self._buf))
-        b[:n], self._buf = self._buf[:n], self._buf[n:]
-        return n
-
-
 def _string_column(path: Path, field: str, kind, strings: list[str]) -> None:
     """Refuse a text column ``field`` of another type than string (``kind``, as Arrow or datasets names it): its
     values would be skipped, and the file would drop out of the corpus without a word."""
@@ -350,7 +288,7 @@ def _hf_documents(path: Path, text_field: str) -> Iterator[str]:
 def file_documents(path: Path, text_field: str = "text") -> Iterator[str]:
     kind = file_kind(path)
     if kind == "jsonl":
-        return _jsonl_documents(path, text_field)
+        return jsonl_documents(path, text_field)
     if kind == "parquet":
         return _parquet_documents(path, text_field)
     return chunk_paragraphs(_text_blocks(path))

@@ -1,0 +1,79 @@
+"""The malformed-input suite, part 2 (issue 54's medium items), grouped by root cause.
+
+As in ``tests/test_malformed_inputs.py``: each case of :data:`CASES` runs ``plelab.cli.main`` in-process and must end
+with exit code 2, exactly one line on stderr naming the problem (no traceback), and every file that existed before
+the command byte-identical after it. The other tests check what must be accepted, or what a refusal must leave.
+Everything here is tiny data the tests write themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+from malformed import refused
+
+from plelab.cli import main
+from plelab.data.jsonl import jsonl_documents
+
+INGEST = ["ingest", "--no-progress"]
+WORDS = ["alpha", "beta", "gamma", "delta", "table", "layer", "token", "gate", "row", "head"]
+
+
+def _docs(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=60)) for _ in range(n)]
+
+
+def _jsonl(path: Path, records: list, tail: str = "") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+    return path
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    w = tmp_path_factory.mktemp("malformed2")
+    records = [{"text": d} for d in _docs(80)]
+    # JSONL a parser can choke on (item 5): a line nested 100,000 deep, an integer of 5,000 digits
+    _jsonl(w / "jsonl/deep.jsonl", records, '{"text": "x", "meta": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    _jsonl(w / "jsonl/huge-int.jsonl", records, '{"text": "x", "id": ' + "9" * 5000 + "}\n")
+    return w
+
+
+def _documents(out: str) -> int:
+    """Train + validation documents in plelab ingest's summary line."""
+    train, val = re.search(r"([\d,]+) train / ([\d,]+) validation documents", out).groups()
+    return int(train.replace(",", "")) + int(val.replace(",", ""))
+
+
+# id -> (argv builder taking the work folder, the substring the one-line error must contain)
+CASES = {
+    # item 5: every way a JSONL line fails to parse is one line naming the file and the line
+    "ingest-jsonl-nested-100000-deep": (lambda w: [*INGEST, "--data", f"{w}/jsonl/deep.jsonl"],
+                                        "deep.jsonl line 81 is nested deeper than the JSON parser follows"),
+    "ingest-jsonl-integer-of-5000-digits": (lambda w: [*INGEST, "--data", f"{w}/jsonl/huge-int.jsonl"],
+                                            "huge-int.jsonl line 81 holds an integer of more than 4,300 digits"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_malformed_input(case, work, capsys):
+    build, needle = CASES[case]
+    refused(build(work), needle, work, capsys)
+
+
+# ---- item 5: a lone surrogate is read as U+FFFD, never a traceback in hashing or the tokenizer ------------------
+
+def test_a_lone_surrogate_is_read_as_the_replacement_character(tmp_path, capsys):
+    docs = _docs(60)
+    path = _jsonl(tmp_path / "web.jsonl", [{"text": d + (" \ud800 cut" if i == 3 else "")} for i, d in enumerate(docs)]
+                  + [{"text": "a pair \ud83d\ude00 stays"}])
+    read = list(jsonl_documents(path, "text"))
+    assert read[3] == docs[3] + " \ufffd cut" and read[-1] == "a pair \U0001F600 stays"
+    assert main([*INGEST, "--data", str(path)]) == 0  # the tokenizer sample (hash_sample), the fingerprint, the shards
+    assert _documents(capsys.readouterr().out) == 61
+
