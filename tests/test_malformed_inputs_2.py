@@ -18,6 +18,7 @@ from malformed import refused
 
 from plelab.cli import main
 from plelab.data.jsonl import jsonl_documents
+from plelab.data.sources import resolve_source
 
 INGEST = ["ingest", "--no-progress"]
 WORDS = ["alpha", "beta", "gamma", "delta", "table", "layer", "token", "gate", "row", "head"]
@@ -41,6 +42,15 @@ def work(tmp_path_factory):
     # JSONL a parser can choke on (item 5): a line nested 100,000 deep, an integer of 5,000 digits
     _jsonl(w / "jsonl/deep.jsonl", records, '{"text": "x", "meta": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     _jsonl(w / "jsonl/huge-int.jsonl", records, '{"text": "x", "id": ' + "9" * 5000 + "}\n")
+    # data folders with links (item 6)
+    for name in ("loop", "twice", "dangling", "dangling-dir"):
+        for i, doc in enumerate(_docs(20, seed=len(name))):
+            (w / "folders" / name / "real").mkdir(parents=True, exist_ok=True)
+            (w / "folders" / name / "real" / f"{i}.txt").write_text(doc)
+    (w / "folders/loop/real/back").symlink_to("..")
+    (w / "folders/twice/again").symlink_to("real")
+    (w / "folders/dangling/gone.txt").symlink_to("nowhere.txt")
+    (w / "folders/dangling-dir/more").symlink_to("nowhere")
     return w
 
 
@@ -57,6 +67,15 @@ CASES = {
                                         "deep.jsonl line 81 is nested deeper than the JSON parser follows"),
     "ingest-jsonl-integer-of-5000-digits": (lambda w: [*INGEST, "--data", f"{w}/jsonl/huge-int.jsonl"],
                                             "huge-int.jsonl line 81 holds an integer of more than 4,300 digits"),
+    # item 6: linked folders are followed once; a loop, a folder linked twice, a link to nothing are named
+    "ingest-folder-with-a-link-loop": (lambda w: [*INGEST, "--data", f"{w}/folders/loop"],
+                                       "real/back and the data folder itself are one folder (a link loop"),
+    "ingest-folder-linked-twice": (lambda w: [*INGEST, "--data", f"{w}/folders/twice"],
+                                   "real and again are one folder (a link loop, or two links to one folder"),
+    "ingest-folder-with-a-dangling-txt-link": (lambda w: [*INGEST, "--data", f"{w}/folders/dangling"],
+                                               "gone.txt is a link to nowhere.txt, which does not exist"),
+    "ingest-folder-with-a-dangling-folder-link": (lambda w: [*INGEST, "--data", f"{w}/folders/dangling-dir"],
+                                                  "more is a link to nowhere, which does not exist"),
 }
 
 
@@ -77,3 +96,16 @@ def test_a_lone_surrogate_is_read_as_the_replacement_character(tmp_path, capsys)
     assert main([*INGEST, "--data", str(path)]) == 0  # the tokenizer sample (hash_sample), the fingerprint, the shards
     assert _documents(capsys.readouterr().out) == 61
 
+
+# ---- item 6: a linked sub-folder is read ------------------------------------------------------------------------
+
+def test_a_linked_sub_folder_is_read(tmp_path, capsys):
+    (tmp_path / "data/own").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    for i, doc in enumerate(_docs(30)):
+        (tmp_path / ("data/own" if i < 15 else "elsewhere") / f"{i}.txt").write_text(doc)
+    (tmp_path / "data/linked").symlink_to(tmp_path / "elsewhere")
+    src = resolve_source(tmp_path / "data")
+    assert len(src.files) == 30 and sum(f.parent.name == "linked" for f in src.files) == 15
+    assert main([*INGEST, "--data", str(tmp_path / "data"), "--set", "data.val_fraction=0.3"]) == 0
+    assert _documents(capsys.readouterr().out) == 30

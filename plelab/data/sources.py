@@ -25,6 +25,7 @@ from plelab.data.archives import blocks
 from plelab.data.corpus import Corpus, embedded_corpus, embedded_name
 from plelab.data.jsonl import jsonl_documents
 from plelab.errors import PlelabError
+from plelab.io import os_reason
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 COMPRESSED = (".gz", ".zst")
@@ -77,10 +78,49 @@ def _is_hf_dataset_dir(path: Path) -> bool:
     return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
 
 
+def folder_files(folder: Path) -> list[Path]:
+    """The files below ``folder`` whose names do not start with '.', sorted. Linked sub-folders are followed, each real
+    folder once: one reached again (a link loop, or a second link to a folder already read) is refused, as is a link
+    to nothing that may have held data — a name that would be read, or one without a suffix (a folder) — whose text
+    would otherwise be missing without a word."""
+    seen: dict[tuple[int, int], Path] = {}
+    found, todo = [], [folder]
+    while todo:
+        here = todo.pop()
+        try:
+            st = here.stat()
+            if (st.st_dev, st.st_ino) in seen:
+                first = seen[(st.st_dev, st.st_ino)]
+                raise PlelabError(f"data folder {folder}: {here.relative_to(folder)} and "
+                                  f"{'the data folder itself' if first == folder else first.relative_to(folder)} "
+                                  "are one folder (a link loop, or two links to one folder: its files would be read "
+                                  "twice); remove the link")
+            seen[(st.st_dev, st.st_ino)] = here
+            entries = sorted(os.scandir(here), key=lambda e: e.name, reverse=True)  # popped in name order
+        except OSError as err:
+            raise PlelabError(f"cannot read data folder {here}: {os_reason(err)}; check the folder and its links") \
+                from None
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                is_dir, is_file = entry.is_dir(), entry.is_file()
+            except OSError:  # a link to itself (ELOOP): like a link to nothing
+                is_dir = is_file = False
+            hidden = entry.name.startswith(".")
+            if is_dir:
+                todo.append(path)
+            elif is_file and not hidden:
+                found.append(path)
+            elif not is_file and entry.is_symlink() and not hidden and (file_kind(path) or not path.suffix):
+                raise PlelabError(f"data folder {folder}: {path.relative_to(folder)} is a link to "
+                                  f"{os.readlink(path)}, which does not exist; restore its target or remove the link")
+    return sorted(found)
+
+
 def resolve_source(path: str | os.PathLike | None, text_field: str = "text", embedded: str = "stdlib") -> Source:
     """Which files ``path`` names and what they hold; ``None`` is the ``embedded`` corpus (``stdlib`` |
-    ``packages``). A folder is read recursively in sorted order; it may hold text formats or token shards, not
-    both."""
+    ``packages``). A folder is read recursively in sorted order, linked sub-folders too (:func:`folder_files`); it
+    may hold text formats or token shards, not both."""
     if path is None:
         embedded_name(embedded)  # an unknown name is refused here, before anything is read
         return Source(None, "embedded", text_field=text_field, embedded=embedded)
@@ -94,7 +134,7 @@ def resolve_source(path: str | os.PathLike | None, text_field: str = "text", emb
         return Source(p, "tokens" if file_kind(p) == "tokens" else "files", (p,), text_field)
     if _is_hf_dataset_dir(p):
         return Source(p, "hf", tuple(sorted(f for f in p.rglob("*") if f.is_file())), text_field)
-    found = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+    found = folder_files(p)
     text = [f for f in found if file_kind(f) in ("text", "jsonl", "parquet")]
     tokens = [f for f in found if file_kind(f) == "tokens"]
     if text and tokens:
