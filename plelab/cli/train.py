@@ -63,7 +63,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     rep = diagnose(args.path, reference=args.reference, null_run=args.null, use=not args.no_use,
                    num_layers=args.num_layers, dim=args.dp, windows=args.windows, progress=not args.no_progress,
                    null_reference=args.null_reference, init=args.init, reference_init=args.reference_init,
-                   data=args.data, tokenizer=args.tokenizer, text_field=args.text_field, seq_len=args.seq_len)
+                   data=args.data, tokenizer=args.tokenizer, text_field=args.text_field, seq_len=args.seq_len,
+                   allow_mismatch=args.allow_mismatch)
     print(json.dumps(rep, indent=1) if args.json else diagnostics_text(rep))
     if args.out:
         ensure_dir(args.out, "--out", fix)
@@ -108,10 +109,14 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("diagnose", help="has a per-layer table learned structure, and is it used? (early verdict)")
     p.add_argument("path", help="a run folder, a checkpoint folder, or a safetensors file/folder with "
                                 "embed_tokens_per_layer.weight (HF Gemma 3n / Gemma 4)")
-    p.add_argument("--reference", help="the same run with another seed (cross-seed agreement of the change)")
+    p.add_argument("--reference", help="the same run with another seed (cross-seed agreement of the change); a run "
+                                       "folder is read at this checkpoint's step (or the nearest, noted)")
     p.add_argument("--null", help="a matched null run (same config with --set ple.ids=iid): its Δ metrics beside")
     p.add_argument("--null-reference", help="the null run's second seed: their agreement bounds what a real "
                                             "table's cross-seed agreement must exceed")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="compare a --reference / --null of another model, table shape, precision, corpus (or the same "
+                        "seed) anyway; what differs is printed in the notes")
     p.add_argument("--init", help="for a checkpoint plelab did not train: its step-0 checkpoint (W_0, for Δ)")
     p.add_argument("--reference-init", help="the --reference checkpoint's step-0 checkpoint (with --init)")
     p.add_argument("--data", help="for a checkpoint plelab did not train: text (file or folder, as train --data) for "

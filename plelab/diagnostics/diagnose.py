@@ -30,6 +30,7 @@ from plelab.diagnostics.foreign import ForeignUse, foreign_report
 from plelab.diagnostics.live import initial_table
 from plelab.diagnostics.monitor import MonitoredTable
 from plelab.diagnostics.predictive import id_information
+from plelab.diagnostics.reference import checked
 from plelab.diagnostics.structure import (
     StreamingMoments,
     gaussian_null,
@@ -135,21 +136,35 @@ def _wt_stats_streamed(source: TableSource, progress: bool) -> list[StreamingMom
     return accs
 
 
+def _compared(report: dict, other: TableSource, what: str) -> TableSource:
+    """Record in ``report`` which table was compared as ``what`` (its file, checkpoint and step); returns it."""
+    report["compared_with"][what] = {"table_file": str(other.file), "step": other.step,
+                                     "checkpoint": str(other.checkpoint) if other.checkpoint is not None else None}
+    return other
+
+
 def diagnose(path: str | Path, reference: str | Path | None = None, null_run: str | Path | None = None,
              use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int | None = None,
              progress: bool = True, null_reference: str | Path | None = None, init: str | Path | None = None,
-             reference_init: str | Path | None = None, foreign_use: ForeignUse | None = None) -> dict:
+             reference_init: str | Path | None = None, foreign_use: ForeignUse | None = None,
+             allow_mismatch: bool = False) -> dict:
     """Everything ``plelab diagnose`` reports, as a JSON-ready dict.
 
-    ``init``, ``reference_init`` and ``foreign_use`` are for a checkpoint plelab did not train
-    (:mod:`plelab.diagnostics.foreign`); :func:`plelab.diagnose` builds ``foreign_use`` from ``data=`` and
-    ``tokenizer=``.
+    ``reference`` / ``null_run`` / ``null_reference`` are read at this checkpoint's step (or the nearest, noted) and
+    refused when their run differs from this one in model, table shape, precision or corpus (a reference also in
+    sharing the seed), unless ``allow_mismatch``: then the differences are in the notes
+    (:mod:`plelab.diagnostics.reference`). ``init``, ``reference_init`` and ``foreign_use`` are for a checkpoint
+    plelab did not train (:mod:`plelab.diagnostics.foreign`); :func:`plelab.diagnose` builds ``foreign_use`` from
+    ``data=`` and ``tokenizer=``.
     """
     windows = calibrated_windows() if windows is None else windows
     if windows < 1:
         raise PlelabError(f"--windows must be >= 1, got {windows}")
     if null_reference is not None and (null_run is None or reference is None):
         raise PlelabError("--null-reference needs --null (the null run) and --reference (this run's second seed)")
+    if allow_mismatch and reference is None and null_run is None:
+        raise PlelabError("--allow-mismatch lets a --reference or --null of another configuration be compared; "
+                          "give one, or drop it")
     source = find_table(path, num_layers, dim)
     foreign = source.config is None and source.monitor is None
     if foreign and null_run is not None:
@@ -167,7 +182,20 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     L, dP = source.num_layers, source.dim
     report: dict = {"source": str(path), "table_file": str(source.file), "key": source.key, "step": source.step,
                     "run_dir": str(source.run_dir) if source.run_dir is not None else None,
-                    "shape": [source.rows, L, dP], "notes": [], "layers": []}
+                    "shape": [source.rows, L, dP], "notes": [], "layers": [], "compared_with": {}}
+    table_mode = source.config.ple.table if source.config is not None else "learned"
+    if table_mode != "learned":
+        report["notes"].append(f"ple.table={table_mode}: the table was not trained (Δ = 0): two such tables agree "
+                               "only as their null does (z = 0)" + ("; the use test asks whether the model relies on "
+                               "its random rows" if table_mode == "frozen" else "; there is nothing to use"))
+        null_run = null_reference = None
+        use = use and table_mode == "frozen"
+    others: dict[str, TableSource] = {}  # checked before anything is computed (the null's second seed: vs the null)
+    for what, other, second in (("--reference", reference, True), ("--null", null_run, False),
+                                ("--null-reference", null_reference, True)):
+        if other is not None:
+            like = others["--null"] if what == "--null-reference" else source
+            others[what] = _compared(report, checked(other, like, what, allow_mismatch, report["notes"], second), what)
     accs = _wt_stats_streamed(source, progress)
     null_all = gaussian_null(source.rows, dP, seed=1)
     mp = {"erank_ratio": mp_erank_ratio(source.rows, dP), "pc1": mp_pc1(source.rows, dP)}
@@ -184,20 +212,8 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         return report
 
     run = table_of(source)
-    if run.cfg is not None and run.cfg.ple.table != "learned":
-        report["notes"].append(f"ple.table={run.cfg.ple.table}: the table was not trained (Δ = 0): two such tables "
-                               "agree only as their null does (z = 0)" +
-                               ("; the use test asks whether the model relies on its random rows"
-                                if run.cfg.ple.table == "frozen" else "; there is nothing to use"))
-        null_run = null_reference = None
-        use = use and run.cfg.ple.table == "frozen"
-    ref = table_of(find_table(reference)) if reference is not None else None
-    nul = table_of(find_table(null_run)) if null_run is not None else None
-    nul_ref = table_of(find_table(null_reference)) if null_reference is not None else None
-    for other, what in ((ref, "--reference"), (nul, "--null"), (nul_ref, "--null-reference")):
-        if other is not None and other.delta.shape != run.delta.shape:
-            raise PlelabError(f"{what} run's table has shape {list(other.delta.shape)}, this one "
-                              f"{list(run.delta.shape)}; compare runs of the same config")
+    ref, nul, nul_ref = (table_of(others[w]) if w in others else None
+                         for w in ("--reference", "--null", "--null-reference"))
     used = run.counts > 0
     if not used.any():
         raise PlelabError(f"{source.checkpoint} has no table row looked up yet (step {source.step}); train further")
@@ -218,7 +234,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         layer["wt_used"] = matrix_stats(run.table[used, i]).to_dict()
         layer["null_used"] = null_used.to_dict()
         layer["delta_used"] = matrix_stats(run.delta[used, i]).to_dict()
-        if ref is not None:
+        if ref is not None and ref.delta.shape == run.delta.shape:  # per layer: only between equal layouts
             layer.update(cross_seed=cka_against_null(run.delta[both, i], ref.delta[both, i], run.counts[both]))
         if nul is not None and nul.delta.shape == run.delta.shape:
             layer["null_run_delta_used"] = matrix_stats(nul.delta[nul.counts > 0, i]).to_dict()

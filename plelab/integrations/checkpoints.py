@@ -106,7 +106,8 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
              use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int | None = None,
              progress: bool = True, null_reference: str | Path | None = None, init: str | Path | None = None,
              reference_init: str | Path | None = None, data: str | Path | None = None,
-             tokenizer: str | Path | None = None, text_field: str = "text", seq_len: int | None = None) -> dict:
+             tokenizer: str | Path | None = None, text_field: str = "text", seq_len: int | None = None,
+             allow_mismatch: bool = False) -> dict:
     """Everything ``plelab diagnose`` reports, as a JSON-ready dict (see the module doc for ``data``/``tokenizer``;
     the other arguments: :func:`plelab.diagnostics.diagnose.diagnose`)."""
     if data is None and (tokenizer is not None or seq_len is not None):
@@ -133,4 +134,4 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         foreign_use = ForeignUse(model=model, table=table, windows=win, counts=counts, data=what)
     return diagnose_table(path, reference=reference, null_run=null_run, use=use, num_layers=num_layers, dim=dim,
                           windows=windows, progress=progress, null_reference=null_reference, init=init,
-                          reference_init=reference_init, foreign_use=foreign_use)
+                          reference_init=reference_init, foreign_use=foreign_use, allow_mismatch=allow_mismatch)
