@@ -35,7 +35,9 @@ _EXPORTS: dict[str, str] = {
     "ingest": "plelab.data.pipeline", "prepare_data": "plelab.data.pipeline", "ladder": "plelab.sweeps.ladder",
     "fit_runs": "plelab.sweeps.scaling_runs", "fit_study": "plelab.sweeps.scaling",
     "calibrate": "plelab.calibration.commands", "verdict_reliability": "plelab.diagnostics.verdict",
-    "range_status": "plelab.diagnostics.verdict",
+    "range_status": "plelab.diagnostics.verdict", "preregister_validation": "plelab.calibration.validation",
+    "run_validation": "plelab.calibration.validation", "validation_result": "plelab.calibration.validation_report",
+    "ValidationDesign": "plelab.calibration.validation",
     # the trainer's seams, for your own kinds of run and observers
     "Trainer": "plelab.training.trainer", "TrainResult": "plelab.training.trainer", "Task": "plelab.training.task",
     "Observer": "plelab.training.task", "TextTask": "plelab.training.text_task",

@@ -17,6 +17,7 @@ class       overrides (at dP = d)                                  LEARNED by co
 ``gate0``   the seed's scalar gate held at 0 (no gradient)         no (easy)
 ``zero``    table zeroed and frozen                                not called: BENEFIT's reference
 ``none``    no PLE at all (dP 0; one arm per regime)               not called: BENEFIT's reference
+``near0``   real ids, the seed's scalar gate started at 0.01       yes (weak; the validation's only)
 ==========  =====================================================  ==========================
 
 USED and BENEFIT are known by construction for some classes and read from the finished runs for the others
@@ -40,13 +41,14 @@ PRESET = "cpu-tiny"
 DECISIONS = 8  # checkpoints per run: decision points at 1/8, 2/8, ..., 8/8 of the run
 CLASSES = ("real", "scalar", "slow", "small", "iid", "frozen", "gate0", "zero", "none")
 LEARNED_BY_CLASS = {"real": True, "scalar": True, "slow": True, "small": True, "iid": False, "frozen": False,
-                    "gate0": False}
+                    "gate0": False, "near0": True}
 SLOW_LR = 0.01
 CLASS_OVERRIDES = {
     "real": [], "small": [], "scalar": ["ple.gate=scalar", "ple.gate_init=1"],
     "slow": [f"train.table_lr_mult={SLOW_LR:g}"], "iid": ["ple.ids=iid"],
     "frozen": ["ple.table=frozen"], "gate0": ["ple.gate=scalar", "ple.gate_init=0", "ple.gate_learn=false"],
-    "zero": ["ple.table=zero"], "none": []}
+    "zero": ["ple.table=zero"], "none": [],
+    "near0": ["ple.gate=scalar", "ple.gate_init=0.01"]}  # the seed's gate started near closed: validation only
 # Model scales (on the cpu-tiny preset): hidden size, layers, FFN width, heads / kv heads.
 SCALES = {
     "h32": ["model.hidden_size=32", "model.num_hidden_layers=2", "model.intermediate_size=96",
@@ -115,12 +117,18 @@ def arms(dims: list[int]) -> list[Arm]:
     return out
 
 
+def regime_overrides(steps: int, batch_size: int, seq_len: int) -> list[str]:
+    """The recipe every calibration run shares (:data:`COMMON`) with a checkpoint and use test at each of the
+    ``DECISIONS`` decision points of a ``steps``-step run."""
+    every = steps // DECISIONS
+    return [*COMMON, f"train.batch_size={batch_size}", f"train.seq_len={seq_len}", f"train.checkpoint_every={every}",
+            f"train.keep_checkpoints={DECISIONS}", f"train.eval_every={max(1, every // 2)}",
+            f"train.diag_every={every}", f"train.warmup_steps={max(1, steps // 16)}"]
+
+
 def regime_spec(bench: Benchmark, scale: str, corpus: str) -> SweepSpec:
-    every = bench.steps // DECISIONS
-    overrides = [*SCALES[scale], *bench.corpora[corpus], *COMMON, f"train.batch_size={bench.batch_size}",
-                 f"train.seq_len={bench.seq_len}", f"train.checkpoint_every={every}",
-                 f"train.keep_checkpoints={DECISIONS}", f"train.eval_every={max(1, every // 2)}",
-                 f"train.diag_every={every}", f"train.warmup_steps={max(1, bench.steps // 16)}"]
+    overrides = [*SCALES[scale], *bench.corpora[corpus], *regime_overrides(bench.steps, bench.batch_size,
+                                                                             bench.seq_len)]
     return SweepSpec(preset=PRESET, overrides=overrides, arms=arms(bench.dims), seeds=list(range(bench.seeds)),
                      steps=bench.steps, kind="calibrate", baseline=f"zero-dp{max(bench.dims)}")
 

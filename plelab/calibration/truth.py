@@ -7,7 +7,7 @@ LEARNED       the table holds id-specific structure        the class's construct
               beyond its frequency-matched null            learn; i.i.d. ids, a frozen table and a gate held at
                                                            0 do not (their z is computed through the path
                                                            ``plelab diagnose`` runs, never assigned). The weak
-                                                           positives (``slow``, ``small``) have no label
+                                                           positives (``slow``, ``small``, ``near0``) have no label
                                                            independent of how weak they are: reported apart,
                                                            never in a fitted threshold or a rate.
 USED          the finished model relies on what each row   by construction where it holds — i.i.d. ids (rows
@@ -57,7 +57,7 @@ DELTA_BENEFIT = 0.01  # nats: the smallest final-loss gain worth calling BENEFIT
 ALPHA = 0.05
 
 #: LEARNED's weak positives: scored apart (their label is the construction's, with no independent check)
-WEAK = ("slow", "small")
+WEAK = ("slow", "small", "near0")  # near0: a gate started at 0.01 may stay shut, and the table with it
 #: classes that are not USED by construction, and why
 NOT_USED = {"iid": "by construction: ids drawn independently of the text, rows exchangeable",
             "gate0": "by construction: the gate is held at 0, the branch is identically 0"}

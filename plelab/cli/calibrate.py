@@ -1,14 +1,19 @@
-"""``plelab calibrate``: the verdict's labelled benchmark and its held-out error rates."""
+"""``plelab calibrate``: the verdict's labelled benchmark and its held-out error rates; ``plelab validate``: a
+preregistered validation of its frozen thresholds beyond the benchmark."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from plelab.calibration.benchmark import SCALES, Benchmark
 from plelab.calibration.commands import calibrate
 from plelab.calibration.report import calibration_text
+from plelab.calibration.validation import RUNGS, ValidationDesign, preregister_validation, run_validation
+from plelab.calibration.validation_report import validation_result
 from plelab.cli.common import int_list, names
+from plelab.diagnostics.verdict import SHIPPED
 from plelab.errors import ConfigError
 from plelab.io import json_safe
 
@@ -58,3 +63,62 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="print calibration.json instead of the report")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_calibrate)
+    add_validate_parser(sub)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    fixed = [flag for flag, given in (("--corpus", args.corpus), ("--rungs", args.rungs), ("--seeds", args.seeds),
+                                      ("--calibration", args.calibration)) if given]
+    if args.preregister:
+        if args.no_run:
+            raise ConfigError("--preregister never runs anything; drop --no-run")
+        corpora = dict(args.corpus or [])
+        if len(corpora) != len(args.corpus or []):
+            raise ConfigError("--corpus names a corpus twice; give each corpus one NAME")
+        design = ValidationDesign(corpora=corpora)
+        if args.rungs:
+            unknown = [r for r in args.rungs if r not in RUNGS]
+            if unknown:
+                raise ConfigError(f"unknown rung {unknown[0]!r}: choose from {', '.join(RUNGS)}")
+            design.rungs = {r: design.rungs[r] for r in args.rungs}
+        if args.seeds:
+            design.seeds = list(args.seeds)
+        plan = preregister_validation(args.out, design, args.calibration or SHIPPED, jobs=args.jobs)
+        print(f"preregistered {args.out}: plan sha256 {plan['sha256']} at commit {plan['commit'][:12]}; "
+              f"{plan['budget']}")
+        print(f"wrote {args.out}/plan.json and PLAN.md: commit them, then run plelab validate {args.out} --jobs "
+              f"{args.jobs}")
+        return 0
+    if fixed:
+        raise ConfigError(f"{fixed[0]} is fixed by the validation's plan; it applies only with --preregister (a new "
+                          "design is a new folder)")
+    if not args.no_run:
+        run_validation(args.out, jobs=args.jobs, progress=not args.no_progress)
+    result = validation_result(args.out, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps(json_safe(result), indent=1))
+    else:
+        print((Path(args.out) / "report.md").read_text(), end="")
+    print(f"wrote {args.out}/validation.json and report.md")
+    return 0
+
+
+def add_validate_parser(sub) -> None:
+    p = sub.add_parser("validate", help="preregister, run and score a validation of the verdict's frozen thresholds "
+                                        "beyond its benchmark")
+    p.add_argument("out", help="the validation folder (resumable)")
+    p.add_argument("--preregister", action="store_true",
+                   help="freeze the design and the shipped thresholds into OUT/plan.json and PLAN.md; run nothing "
+                        "(a clean checkout only)")
+    p.add_argument("--corpus", type=corpus, action="append", metavar="NAME=PATH",
+                   help="a corpus never used in development (repeatable; with --preregister)")
+    p.add_argument("--rungs", type=names("--rungs"), help=f"rungs (default all: {', '.join(RUNGS)}; with --preregister)")
+    p.add_argument("--seeds", type=int_list("--seeds", "100,101,102"), help="seeds (default 100..107; with "
+                                                                            "--preregister)")
+    p.add_argument("--calibration", help=f"the thresholds to freeze (default the shipped {SHIPPED.name})")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--no-run", action="store_true", help="score what has run, run nothing")
+    p.add_argument("--json", action="store_true", help="print validation.json instead of the report")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_validate)
+

@@ -38,10 +38,20 @@ def cka_against_null(a: torch.Tensor, b: torch.Tensor, counts: np.ndarray, seed:
         return {"cka": 0.0, "null_mean": 0.0, "null_sd": 0.0, "null": "rows permuted within frequency bins",
                 "note": "Δ = 0: a table that never moved agrees with nothing (z = 0)"}
     ca, cb = comparable(a, counts), comparable(b, counts)
-    value = linear_cka(ca, cb)
-    nulls = [linear_cka(ca, cb[within_bin_permutation(counts, seed + k)]) for k in range(NULL_DRAWS)]
+    value, nulls = _cka_and_null(ca, cb, [within_bin_permutation(counts, seed + k) for k in range(NULL_DRAWS)])
     return {"cka": value, "null_mean": float(np.mean(nulls)), "null_sd": float(np.std(nulls, ddof=1)),
             "null": "rows permuted within frequency bins"}
+
+
+def _cka_and_null(x: torch.Tensor, y: torch.Tensor, perms: list[torch.Tensor]) -> tuple[float, list[float]]:
+    """:func:`linear_cka` of ``x`` and ``y``, and of ``x`` and each row permutation of ``y``. A permutation leaves
+    ``y``'s column means and ``‖YᵀY‖`` unchanged, so both are computed once and each draw costs one ``XᵀY[perm]``."""
+    x = x.to(torch.float64) - x.to(torch.float64).mean(0)
+    y = y.to(torch.float64) - y.to(torch.float64).mean(0)
+    den = float((x.T @ x).pow(2).sum().sqrt() * (y.T @ y).pow(2).sum().sqrt())
+    if den == 0:
+        return float("nan"), [float("nan")] * len(perms)
+    return float((x.T @ y).pow(2).sum()) / den, [float((x.T @ y[p]).pow(2).sum()) / den for p in perms]
 
 
 def cka_with_null(a: torch.Tensor, b: torch.Tensor, seed: int = 0) -> dict:

@@ -56,6 +56,16 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def require_clean(commit: str | None, what: str) -> str:
+    """``commit`` (:func:`plelab.provenance.git_commit`), refused unless it names the code exactly: a preregistered
+    ``what`` records the commit that will run it."""
+    if commit is None or commit.endswith("+dirty"):
+        raise PlelabError(f"{what} records the code commit that will run it: "
+                          + ("plelab is not running from a git checkout" if commit is None else
+                             "commit (or stash) the checkout's changes first"))
+    return commit
+
+
 def design_of(spec) -> dict:
     """The design a preregistered plan freezes, as the spec holds it: preset, overrides, steps, seeds, arms."""
     return {"preset": spec.preset, "overrides": list(spec.overrides), "steps": spec.steps, "seeds": list(spec.seeds),
@@ -174,4 +184,4 @@ def plan_status(spec, runs: list[Path]) -> dict:
 
 
 __all__ = ["PLAN_FIELDS", "RULES", "RUN_PLAN", "changed", "declare", "design_of", "frozen", "plan_status",
-           "refusal", "refuse_growth", "run_plan", "stamp_run", "verify"]
+           "refusal", "refuse_growth", "require_clean", "run_plan", "stamp_run", "verify"]

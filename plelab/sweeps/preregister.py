@@ -20,7 +20,7 @@ from plelab.errors import PlelabError
 from plelab.io import atomic_write
 from plelab.provenance import git_commit
 from plelab.runs import prepare_data
-from plelab.sweeps.analysis_plan import RULES, declare, design_of
+from plelab.sweeps.analysis_plan import RULES, declare, design_of, require_clean
 from plelab.sweeps.runner import study_estimate
 from plelab.sweeps.spec import SPEC_FILE, SweepSpec, save_spec, sweep_command
 
@@ -90,11 +90,7 @@ def preregister(root: str | Path, spec: SweepSpec, jobs: int = 1, log=print) -> 
     root = Path(root)
     if (root / SPEC_FILE).exists() or (root / "runs").exists():
         raise PlelabError(f"{root} already holds a sweep; a study is preregistered in a new, empty folder")
-    commit = git_commit()
-    if commit is None or commit.endswith("+dirty"):
-        raise PlelabError("a preregistered plan records the code commit that will run it: "
-                          + ("plelab is not running from a git checkout" if commit is None else
-                             "commit (or stash) the checkout's changes first, then rerun --preregister"))
+    commit = require_clean(git_commit(), "a preregistered plan")
     cfg = resolve_config(spec.preset, spec.overrides, steps=spec.steps)
     data = prepare_data(cfg)
     corpus = getattr(data, "corpus_fingerprint", None)
