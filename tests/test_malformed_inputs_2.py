@@ -9,18 +9,23 @@ Everything here is tiny data the tests write themselves.
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 from malformed import refused
+from safetensors.torch import load_file, save_file
 
 from plelab.cli import main
 from plelab.data.jsonl import jsonl_documents
 from plelab.data.sources import resolve_source
 
 INGEST = ["ingest", "--no-progress"]
+RESUME = ["train", "--no-progress", "--resume", "--out"]
+CKPT = "checkpoints/step-000002"
 WORDS = ["alpha", "beta", "gamma", "delta", "table", "layer", "token", "gate", "row", "head"]
 
 
@@ -51,7 +56,28 @@ def work(tmp_path_factory):
     (w / "folders/twice/again").symlink_to("real")
     (w / "folders/dangling/gone.txt").symlink_to("nowhere.txt")
     (w / "folders/dangling-dir/more").symlink_to("nowhere")
+    # a tiny finished run whose copies get their state.json edited (item 8)
+    assert main(["train", "--preset", "cpu-tiny", "--steps", "2", "--no-progress", "--out", str(w / "run")]) == 0
     return w
+
+
+def _edited_run(w: Path, name: str, edit, file: str = "state.json") -> str:
+    """A copy of the fixture's run whose checkpoint ``file`` (state.json, or a safetensors file) went through
+    ``edit``."""
+    run = w / "cases" / name
+    shutil.copytree(w / "run", run)
+    path = run / CKPT / file
+    if file.endswith(".json"):
+        state = json.loads(path.read_text())
+        edit(state)
+        path.write_text(json.dumps(state))
+    else:
+        save_file(edit(load_file(path)), str(path), metadata={"format": "plelab-checkpoint-v1"})
+    return str(run)
+
+
+def _state(key: str, value):
+    return lambda d: d.update({key: value})
 
 
 def _documents(out: str) -> int:
@@ -76,6 +102,31 @@ CASES = {
                                                "gone.txt is a link to nowhere.txt, which does not exist"),
     "ingest-folder-with-a-dangling-folder-link": (lambda w: [*INGEST, "--data", f"{w}/folders/dangling-dir"],
                                                   "more is a link to nowhere, which does not exist"),
+    # item 8: state.json validated by one schema before anything of the run is read or rewritten
+    "resume-state-step-negative": (lambda w: [*RESUME, _edited_run(w, "neg", _state("step", -3))],
+                                   "state.json: step is -3, not an integer >= 0; the checkpoint is damaged or was "
+                                   "edited — delete step-000002"),
+    "resume-state-step-a-string": (lambda w: [*RESUME, _edited_run(w, "str", _state("step", "2")), "--steps", "4"],
+                                   "step is '2', not an integer >= 0"),
+    "resume-state-step-10-to-the-30": (lambda w: [*RESUME, _edited_run(w, "huge", _state("step", 10**30))],
+                                       "step 1000000000000000000000000000000 is beyond train.steps=2 of the run"),
+    "resume-state-step-not-its-folder": (lambda w: [*RESUME, _edited_run(w, "other", _state("step", 1))],
+                                         "step 1 disagrees with its folder step-000002"),
+    "resume-state-tokens-a-float": (lambda w: [*RESUME, _edited_run(w, "tok", _state("tokens_seen", 1.5))],
+                                    "tokens_seen is 1.5, not an integer >= 0"),
+    "resume-state-wall-seconds-nan": (lambda w: [*RESUME, _edited_run(w, "nan", _state("wall_seconds", math.nan))],
+                                      "wall_seconds is nan, not a number >= 0"),
+    "resume-state-val-history-cut": (lambda w: [*RESUME, _edited_run(w, "val", _state("val_history", [[2]]))],
+                                     "val_history is [[2]], not a list of [step, loss] pairs"),
+    "resume-state-train-section-a-string": (
+        lambda w: [*RESUME, _edited_run(w, "train", lambda d: d["config"].update(train="x"))],
+        "config.train is 'x', not an object"),
+    "resume-state-rng-a-float": (
+        lambda w: [*RESUME, _edited_run(w, "rng", lambda t: {**t, "rng.torch_cpu": t["rng.torch_cpu"].float()},
+                                        "optimizer.safetensors")],
+        "rng.torch_cpu is stored as float32, the model expects uint8"),
+    "eval-state-world-size-a-string": (lambda w: ["eval", _edited_run(w, "world", _state("world_size", "1"))],
+                                       "world_size is '1', not an integer >= 1"),
 }
 
 

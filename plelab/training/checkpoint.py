@@ -5,7 +5,9 @@ Layout of ``RUN/checkpoints/step-000100/``:
 - ``model.safetensors``: the full model state dict (HF Gemma names, tied embedding once);
 - ``optimizer.safetensors``: per parameter ``{name}.exp_avg``, ``{name}.exp_avg_sq``,
   ``{name}.step``, plus ``rng.torch_cpu`` (and ``rng.cuda`` on GPU);
-- ``state.json``: format tag, step, tokens seen, validation history, config, corpus fingerprint.
+- ``state.json``: format tag, step, tokens seen, validation history, config, corpus fingerprint; checked against
+  one schema (:data:`STATE_SCHEMA`: types, the step within the run's steps and equal to its folder's) before a
+  resume or a reader uses any of it.
 
 A checkpoint is written into a temporary folder and renamed into place, so a crash (even
 ``kill -9``) mid-write leaves the previous checkpoints untouched and no half checkpoint
@@ -204,15 +206,69 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
                           "delete that checkpoint folder to resume from the previous one") from None
 
 
+def _count(v, least: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def _number(v) -> bool:
+    """A JSON number, or null (how a non-finite float is written)."""
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+# state.json's schema: key -> (what its value must be, the test); every key present is checked, whoever reads it.
+STATE_SCHEMA = {
+    "step": ("an integer >= 0", _count),
+    "tokens_seen": ("an integer >= 0", _count),
+    "val_history": ("a list of [step, loss] pairs", lambda v: isinstance(v, list) and all(
+        isinstance(p, list) and len(p) == 2 and _count(p[0]) and _number(p[1]) for p in v)),
+    "config": ("an object", lambda v: isinstance(v, dict)),
+    "config.train": ("an object", lambda v: isinstance(v, dict)),  # its section train (the others: RunConfig)
+    "recent_train_losses": ("a list of numbers", lambda v: isinstance(v, list) and all(map(_number, v))),
+    "wall_seconds": ("a number >= 0", lambda v: _number(v) and v is not None and v >= 0),
+    "corpus_fingerprint": ("a string", lambda v: isinstance(v, str)),
+    "table_decay_alpha": ("a number", _number),
+    "skipped_steps": ("an integer >= 0", _count),
+    "world_size": ("an integer >= 1", lambda v: _count(v, 1)),
+    "extra": ("an object", lambda v: isinstance(v, dict)),
+}
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_state(state: dict, path: Path) -> None:
+    """Refuse, in one line, a ``state.json`` (at ``path``) whose values do not fit :data:`STATE_SCHEMA`, whose step
+    lies outside ``[0, train.steps]`` of the config it records, or disagrees with its folder's name ``step-N``."""
+    fix = (f"the checkpoint is damaged or was edited — delete {path.parent.name} to resume from the one before it, "
+           "or restore its state.json (nothing was changed)")
+    config = state.get("config")
+    train = config.get("train", {}) if isinstance(config, dict) else {}
+    for key, (what, ok) in STATE_SCHEMA.items():
+        value = train if key == "config.train" else state.get(key)
+        if (key in state or key == "config.train") and not ok(value):
+            raise PlelabError(f"checkpoint state {path}: {key} is {_shown(value)}, not {what}; {fix}")
+    step, steps = state.get("step"), train.get("steps")
+    if step is not None and _count(steps) and step > steps:
+        raise PlelabError(f"checkpoint state {path}: step {_shown(step)} is beyond train.steps={steps} of the run it "
+                          f"records; {fix}")
+    named = _STEP_DIR.match(path.parent.name)
+    if step is not None and named and int(named.group(1)) != step:
+        raise PlelabError(f"checkpoint state {path}: step {step} disagrees with its folder {path.parent.name}; {fix}")
+
+
 def read_state(ckpt: Path, for_resume: bool = True) -> dict:
-    """``state.json`` of a checkpoint, checked; reading (``for_resume=False``) needs only config and step."""
+    """``state.json`` of a checkpoint, checked (:func:`check_state`) before anything is done with it; reading
+    (``for_resume=False``) needs only config and step."""
     path = ckpt / "state.json"
     try:
         state = json.loads(path.read_text())
     except FileNotFoundError:
         raise PlelabError(f"{ckpt} is not a plelab checkpoint (no state.json)") from None
-    except (OSError, ValueError) as err:
-        raise PlelabError(f"checkpoint state {path} is unreadable ({err}); delete that checkpoint folder") from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise PlelabError(f"checkpoint state {path} is unreadable ({str(err).splitlines()[0]}); delete that "
+                          "checkpoint folder") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise PlelabError(f"{ckpt} has format {state.get('format') if isinstance(state, dict) else None!r}, "
                           f"expected {FORMAT}; it was not written by this plelab")
@@ -220,6 +276,7 @@ def read_state(ckpt: Path, for_resume: bool = True) -> dict:
     if missing:
         raise PlelabError(f"checkpoint state {path} lacks {missing[0]!r}; the checkpoint is damaged — delete it "
                           "to resume from the previous one")
+    check_state(state, path)
     return state
 
 
