@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from malformed import refused
 from safetensors.torch import load_file, save_file
@@ -25,6 +27,7 @@ from plelab.data.sources import resolve_source
 
 INGEST = ["ingest", "--no-progress"]
 RESUME = ["train", "--no-progress", "--resume", "--out"]
+TRAIN = ["train", "--preset", "cpu-tiny", "--steps", "2", "--no-progress"]
 CKPT = "checkpoints/step-000002"
 WORDS = ["alpha", "beta", "gamma", "delta", "table", "layer", "token", "gate", "row", "head"]
 
@@ -74,6 +77,43 @@ def _edited_run(w: Path, name: str, edit, file: str = "state.json") -> str:
     else:
         save_file(edit(load_file(path)), str(path), metadata={"format": "plelab-checkpoint-v1"})
     return str(run)
+
+
+def _damaged_cache(w: Path, name: str, damage, verb: tuple = ()) -> list[str]:
+    """``plelab ingest`` (or ``verb``) of a text of its own, after its cache entry, built here, went through
+    ``damage(entry folder)``."""
+    data = w / "cache-cases" / f"{name}.txt"
+    data.parent.mkdir(exist_ok=True)
+    data.write_text("\n\n".join(_docs(200, seed=sum(map(ord, name)))))
+    argv = [*INGEST, "--data", str(data)]
+    assert main(argv) == 0
+    entry, = [e for e in (Path(os.environ["PLELAB_CACHE"]) / "ingest").iterdir()
+              if json.loads((e / "manifest.json").read_text())["source"].get("path") == str(data.resolve())]
+    damage(entry)
+    return [*verb, "--data", str(data)] if verb else argv
+
+
+def _manifest_shard(**change):
+    def edit(entry: Path) -> None:
+        manifest = json.loads((entry / "manifest.json").read_text())
+        manifest["splits"]["train"]["shards"][0].update(change)
+        (entry / "manifest.json").write_text(json.dumps(manifest))
+    return edit
+
+
+def _ids_beyond_the_vocabulary(entry: Path) -> None:
+    """An id of 60,000 written into the first train shard, its mtime restored (nothing but its bytes tell)."""
+    shard = entry / "train-00000.bin"
+    st = shard.stat()
+    ids = np.fromfile(shard, dtype=np.uint16)
+    ids[7] = 60_000
+    ids.tofile(shard)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _cut(entry: Path) -> None:
+    shard = entry / "train-00000.bin"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
 
 
 def _state(key: str, value):
@@ -127,6 +167,21 @@ CASES = {
         "rng.torch_cpu is stored as float32, the model expects uint8"),
     "eval-state-world-size-a-string": (lambda w: ["eval", _edited_run(w, "world", _state("world_size", "1"))],
                                        "world_size is '1', not an integer >= 1"),
+    # item 9: an ingest cache entry is checked when it is opened: names, sizes, ids
+    "ingest-cache-ids-beyond-the-vocabulary": (lambda w: _damaged_cache(w, "oov", _ids_beyond_the_vocabulary),
+                                               "its shard train-00000.bin holds id 60,000, beyond the tokenizer's"),
+    "train-cache-ids-beyond-the-vocabulary": (
+        lambda w: _damaged_cache(w, "oov-train", _ids_beyond_the_vocabulary, (*TRAIN, "--out", f"{w}/o/oov")),
+        "holds id 60,000, beyond the tokenizer's"),
+    "ingest-cache-shard-cut": (lambda w: _damaged_cache(w, "cut", _cut),
+                               "run plelab ingest --verify with the same --data and flags to rebuild it"),
+    "ingest-cache-shard-named-up-and-out": (
+        lambda w: _damaged_cache(w, "up", _manifest_shard(file="../../../../etc/passwd")),
+        "it names a shard '../../../../etc/passwd', not a train-NNNNN.bin file of the cache folder"),
+    "ingest-cache-shard-named-absolute": (lambda w: _damaged_cache(w, "abs", _manifest_shard(file="/etc/passwd")),
+                                          "it names a shard '/etc/passwd'"),
+    "ingest-cache-shard-tokens-a-string": (lambda w: _damaged_cache(w, "str", _manifest_shard(tokens="12")),
+                                           "has a token count '12', not an integer >= 0"),
 }
 
 
@@ -160,3 +215,13 @@ def test_a_linked_sub_folder_is_read(tmp_path, capsys):
     assert len(src.files) == 30 and sum(f.parent.name == "linked" for f in src.files) == 15
     assert main([*INGEST, "--data", str(tmp_path / "data"), "--set", "data.val_fraction=0.3"]) == 0
     assert _documents(capsys.readouterr().out) == 30
+
+
+# ---- item 9: --verify rebuilds a damaged cache entry ------------------------------------------------------------
+
+def test_verify_rebuilds_a_damaged_cache_entry(work, capsys):
+    argv = _damaged_cache(work, "rebuilt", _ids_beyond_the_vocabulary)
+    capsys.readouterr()
+    assert main([*argv, "--verify"]) == 0
+    assert "holds id 60,000, beyond the tokenizer's" in capsys.readouterr().out
+    assert main(argv) == 0

@@ -16,8 +16,11 @@ The result is a folder in the cache, built under a temporary name and renamed wh
 interrupted ingest leaves no half-written cache: the next one removes the leftover and starts again),
 with a ``manifest.json`` holding the fingerprint, the counts and the shard list. A warm cache is found
 by a key over the source's files (path, size, mtime), the tokenizer and the fraction, without reading
-the text; ``verify`` re-reads and re-hashes it. A lock file serialises processes that ingest the same
-key (several jobs, or torchrun ranks outside :func:`plelab.data.pipeline.prepare_data`).
+the text; ``verify`` re-reads and re-hashes it. An entry is checked each time it is opened, before training: its
+manifest's fields, shard names confined to its folder, each shard file's size against its id count, and each
+shard's largest id (one vectorised max over the memory map) below the tokenizer's vocabulary; a damaged entry is
+refused in one line (:class:`DamagedCache`), and rebuilt under ``verify``. A lock file serialises processes that
+ingest the same key (several jobs, or torchrun ranks outside :func:`plelab.data.pipeline.prepare_data`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -41,7 +45,7 @@ from plelab.data.tokenizer import EOS
 from plelab.data.tokens import TokenData, split_for_training
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
-from plelab.io import cache_dir, write_json
+from plelab.io import cache_dir, os_reason, write_json
 
 INGEST_VERSION = 1  # bump when the shard layout or the split rules change
 BATCH_CHARS = 2_000_000  # characters of text per encode batch (≈ 0.5 M tokens)
@@ -168,20 +172,71 @@ def _write_all(tmp: Path, tok: Tokenizer, src: Source, val_fraction: float, show
     return record
 
 
-def _load(folder: Path, manifest: dict, tok_json: str | None) -> TokenData:
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _damage(folder: Path, manifest: dict, vocab: int) -> str | None:
+    """Why the cache entry ``folder`` cannot be used as its manifest describes it (None: it can): a field of another
+    type, a shard named outside the folder, a shard file of another size than its ids take (cut or rewritten), an
+    id beyond the tokenizer's ``vocab`` entries (one vectorised max over each memory-mapped shard)."""
+    dtype, splits = manifest.get("dtype"), manifest.get("splits")
+    if dtype not in ("uint16", "uint32"):
+        return f"its dtype {dtype!r} is neither uint16 nor uint32"
+    if not all(isinstance(manifest.get(k), str) for k in ("fingerprint", "name")) or \
+            not all(_count(manifest.get(k)) for k in ("duplicates", "pieces")):
+        return "its fingerprint, name, duplicates or pieces is missing or of another type"
+    for split in ("train", "val"):
+        entry = splits.get(split) if isinstance(splits, dict) else None
+        if not (isinstance(entry, dict) and isinstance(entry.get("shards"), list) and _count(entry.get("documents"))):
+            return f"its {split} split is not a list of shards with a document count"
+        for shard in entry["shards"]:
+            name, tokens = (shard.get("file"), shard.get("tokens")) if isinstance(shard, dict) else (shard, None)
+            if not isinstance(name, str) or not re.fullmatch(rf"{split}-\d{{5,}}\.bin", name):
+                return f"it names a shard {str(name)[:60]!r}, not a {split}-NNNNN.bin file of the cache folder"
+            if not _count(tokens):
+                return f"its shard {name} has a token count {str(tokens)[:40]!r}, not an integer >= 0"
+            try:
+                size = (folder / name).stat().st_size
+            except OSError as err:
+                return f"its shard {name} cannot be read ({os_reason(err)})"
+            if size != tokens * np.dtype(dtype).itemsize:
+                return (f"its shard {name} has {size:,} bytes where the {tokens:,} {dtype} ids of its manifest take "
+                        f"{tokens * np.dtype(dtype).itemsize:,} (cut or rewritten)")
+            top = open_split(folder, {"shards": [shard]}, dtype).max()
+            if top >= vocab:
+                return f"its shard {name} holds id {top:,}, beyond the tokenizer's {vocab:,} entries"
+    return None
+
+
+class DamagedCache(PlelabError):
+    """A cache entry whose files disagree with its manifest, or hold ids its tokenizer cannot have made."""
+
+    def __init__(self, folder: Path, why: str) -> None:
+        self.why = f"ingest cache entry {folder} is damaged: {why}"
+        super().__init__(f"{self.why}; run plelab ingest --verify with the same --data and flags to rebuild it, or "
+                         "delete that folder")
+
+
+def _load(folder: Path, manifest: dict, tok: Tokenizer) -> TokenData:
+    """The entry's token data, after :func:`_damage` found nothing wrong (else :class:`DamagedCache`, before any
+    shard is memory-mapped for training)."""
+    why = _damage(folder, manifest, tok.get_vocab_size())
+    if why is not None:
+        raise DamagedCache(folder, why)
     tr, va = manifest["splits"]["train"], manifest["splits"]["val"]
     return TokenData(open_split(folder, tr, manifest["dtype"]), open_split(folder, va, manifest["dtype"]),
                      manifest["fingerprint"], manifest["name"], tr["documents"], va["documents"],
-                     manifest["duplicates"], tok_json, manifest["pieces"],
+                     manifest["duplicates"], tok.to_str(), manifest["pieces"],
                      unit="pieces" if manifest["pieces"] else "documents", location=str(folder))
 
 
 def _read_manifest(folder: Path) -> dict | None:
     try:
         manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
-    return manifest if manifest.get("version") == INGEST_VERSION else None
+    return manifest if isinstance(manifest, dict) and manifest.get("version") == INGEST_VERSION else None
 
 
 class NotReady(PlelabError):
@@ -208,6 +263,14 @@ def ingest_source(src: Source, tok: Tokenizer, val_fraction: float, progress: bo
     with cache_lock(f"ingest-{key}"):
         manifest = _read_manifest(folder)
         if manifest is not None and verify:
+            try:
+                _load(folder, manifest, tok)
+            except DamagedCache as err:
+                if not build:
+                    raise NotReady(f"--verify: {err}") from None
+                log(f"--verify: {err.why}; ingesting it again")
+                manifest = None
+        if manifest is not None and verify:
             now = corpus_fingerprint(iter_documents(src))
             if now != manifest["fingerprint"]:
                 if not build:
@@ -233,7 +296,7 @@ def ingest_source(src: Source, tok: Tokenizer, val_fraction: float, progress: bo
                 os.replace(tmp, folder)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-        return _load(folder, manifest, tok.to_str())  # mapped under the lock: no rebuild can swap it meanwhile
+        return _load(folder, manifest, tok)  # checked and mapped under the lock: no rebuild can swap it meanwhile
 
 
 def prepare_tokens(corpus: Corpus, tok: Tokenizer, val_fraction: float, progress: bool = False) -> TokenData:
