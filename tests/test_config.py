@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -138,7 +139,8 @@ def test_settings_are_validated_after_every_override():
         resolve_run_config("cpu-tiny", settings={"data.text_field": ""})
     cfg = resolve_run_config("cpu-tiny", overrides=["ple.dim=8"], settings={"ple.dim": 4, "data.path": "x.txt",
                                                                            "seed": None})
-    assert (cfg.ple.dim, cfg.data.path, cfg.seed) == (4, "x.txt", 0)  # flags win over --set; None = not given
+    assert (cfg.ple.dim, cfg.data.path, cfg.seed) == (4, os.path.abspath("x.txt"), 0)  # flags win over --set;
+    # None = not given; paths made absolute (issue 53.7)
 
 
 def test_a_runs_config_json_is_accepted_back_as_a_config_file(tmp_path):

@@ -7,17 +7,19 @@ import json
 from pathlib import Path
 
 from plelab.cli.common import add_set, config_args, dp_list, dp_value, float_list, int_list, one_int
+from plelab.config import config_file_overrides, read_config_file
+from plelab.config.paths import absolute, path_keys, portable_mapping, portable_override, portable_overrides
 from plelab.demo import PROFILES, run_demo
 from plelab.errors import ConfigError
 from plelab.io import json_safe, write_json
 from plelab.reports import report
 from plelab.sweeps.advise import recommend
-from plelab.sweeps.commands import lr_search, options_of, pack, preregister_sweep, sweep
+from plelab.sweeps.commands import DEFAULT_PRESET, lr_search, options_of, pack, preregister_sweep, sweep
 from plelab.sweeps.lr_search import CHOICE_FILE, DEFAULT_MULTS, DEFAULT_SEEDS, choice_text
 from plelab.sweeps.ladder import GPU_BF16_PEAK, Assumptions, ladder, ladder_text
 from plelab.sweeps.planning import FAMILIES, plan, plan_text
 from plelab.sweeps.scaling_runs import fit_runs, fit_text
-from plelab.sweeps.spec import CONTROLS
+from plelab.sweeps.spec import CONTROLS, load_spec
 
 
 def variant(text: str) -> tuple[str, list[str]]:
@@ -34,18 +36,46 @@ def controls(text: str) -> list[str] | str:
     return "all" if text == "all" else [c.strip() for c in text.split(",") if c.strip()]
 
 
+def portable_options(args: argparse.Namespace) -> dict:
+    """The study's options (:func:`~plelab.sweeps.commands.options_of`) with their paths absolute — ``--data``, the
+    path-like ``--set`` / ``--variant`` values and a ``--config`` file's paths (:mod:`plelab.config.paths`) — so that
+    ``sweep.json`` and the report's "Reproduce" line name the same files from any directory. A sweep already in
+    ``--out`` that recorded one of them as typed (relative) keeps them as typed: it continues as it was defined."""
+    typed = options_of(args)
+    options = {**typed, "data": absolute(typed["data"]) if typed["data"] else typed["data"],
+               "overrides": portable_overrides(typed["overrides"] or []),
+               "variants": [(name, portable_overrides(extra)) for name, extra in typed["variants"] or []]}
+    file_paths: list[str] = []
+    if typed["config"] is not None:
+        file = read_config_file(typed["config"])
+        moved = portable_mapping(file)
+        if moved != file:
+            options["config"] = moved
+            file_paths = [o for o in config_file_overrides(file, typed["preset"], DEFAULT_PRESET)[1]
+                          if o.partition("=")[0] in path_keys()]
+    given = [*([f"data.path={typed['data']}"] if typed["data"] else []), *(typed["overrides"] or []),
+             *[o for _, extra in typed["variants"] or [] for o in extra], *file_paths]
+    relative = [o for o in given if portable_override(o) != o]
+    stored = load_spec(Path(args.out)) if relative else None
+    if stored is not None:
+        recorded = {*stored.overrides, *(o for arm in stored.arms for o in arm.overrides)}
+        if any(o.strip() in recorded or o in recorded for o in relative):
+            return typed
+    return options
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     root = Path(args.out)
     if args.preregister:
         if args.emit:
             raise ConfigError("--preregister writes the plan and runs nothing; drop --emit (emit after committing it)")
-        written = preregister_sweep(root, jobs=args.jobs, **options_of(args))
+        written = preregister_sweep(root, jobs=args.jobs, **portable_options(args))
         print("\n".join(f"wrote {p}" for p in written))
         print(f"commit {root}/sweep.json and {root}/PLAN.md now (git add {root} && git commit), then rerun this "
               "command without --preregister to run the study")
         return 0
     script = sweep(root, jobs=args.jobs, emit=args.emit, progress=not args.no_progress, nodes=args.nodes,
-                   **options_of(args))
+                   **portable_options(args))
     if script is not None:
         print(f"wrote {script}; when the runs are done: plelab report {root}")
     elif not args.no_report:
@@ -55,7 +85,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_lr_search(args: argparse.Namespace) -> int:
     choice = lr_search(args.out, mults=args.lr_mults, search_seeds=args.search_seeds, at_dp=args.at_dp, jobs=args.jobs,
-                       progress=not args.no_progress, **options_of(args))
+                       progress=not args.no_progress, **portable_options(args))
     print(choice_text(choice))
     print(f"wrote {Path(args.out) / CHOICE_FILE}; use it with plelab sweep … --lr-from {args.out}")
     return 0

@@ -9,6 +9,8 @@ from plelab.errors import ConfigError
 
 _RESUME, _ADVISE, _DATA = tags("resume"), tags("advise"), tags("sweep_data")
 _RESUME_ADVISE = tags("resume", "advise")
+# A file-system path (a list: PATH:WEIGHT entries), made absolute when a run is created (plelab.config.paths).
+_ADVISE_PATH = tags("advise", "path")
 
 
 def _require(cond: bool, key: str, value: object, allowed: str) -> None:

@@ -8,7 +8,9 @@ Order (each step overrides the one before):
 3. ``overrides``: ``section.key=value`` texts (``--set``), in order;
 4. ``settings``: config key -> typed value from the flags that are shortcuts (``--dp`` is ``ple.dim``,
    ``--data`` is ``data.path``, ...); ``None`` means not given;
-5. :meth:`RunConfig.validate`, once.
+5. the path-like keys made absolute against the current directory (:mod:`plelab.config.paths`: a run's
+   ``config.json`` then works from any directory);
+6. :meth:`RunConfig.validate`, once.
 
 A config file and ``--preset`` must agree when the file names a preset (the file's preset is its
 base: anything else could not be honoured); when resuming, both must name the run's own preset.
@@ -24,6 +26,7 @@ from typing import Any
 
 from plelab.config.files import read_config_file
 from plelab.config.overrides import all_keys, apply_overrides, as_override, get_value, load_dict, set_value
+from plelab.config.paths import portable
 from plelab.config.presets import get_preset
 from plelab.config.schema import RunConfig
 from plelab.errors import ConfigError, PlelabError
@@ -89,7 +92,7 @@ def resolve_run_config(preset: str | None = None, *, saved: str | os.PathLike | 
     for key, value in (settings or {}).items():
         if value is not None:
             set_value(cfg, key, value)
-    return cfg.validate()
+    return portable(cfg).validate()
 
 
 def resolve_config(preset: str | None = "cpu-tiny", overrides: Iterable[str] | None = None, *,

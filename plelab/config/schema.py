@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from plelab.config.checks import _ADVISE, _DATA, _RESUME, _RESUME_ADVISE, _require, _require_choice
+from plelab.config.checks import _ADVISE, _ADVISE_PATH, _DATA, _RESUME, _RESUME_ADVISE, _require, _require_choice
 from plelab.config.overrides import load_dict
 from plelab.config.visual_schema import QUANTIZER_IDS, VISUAL_IDS, Injection, QuantizerIds, VisualConfig, VisualIds
 from plelab.errors import ConfigError
@@ -258,16 +258,16 @@ class DataConfig:
 
     # None means the embedded default corpus (the interpreter's own documentation). Text: a .txt/.md, .jsonl
     # (.gz/.zst), .parquet file, a folder of them, or a HF datasets folder; tokens: a .bin/.npy file or folder.
-    path: str | None = field(default=None, metadata=_ADVISE)
+    path: str | None = field(default=None, metadata=_ADVISE_PATH)
     # Which embedded corpus when there is no path: stdlib (the interpreter's documentation, the default) or
     # packages (that, then the docstrings of torch, numpy, scipy, matplotlib, sympy, mpmath, networkx: ≈ 23 M chars).
     embedded: EmbeddedCorpus = field(default="stdlib", metadata=_ADVISE)
     # A mixture instead of one path: PATH:WEIGHT entries (weights normalised), e.g. ["web/:0.7", "code/:0.3"].
-    mix: list[str] = field(default_factory=list, metadata=_ADVISE)
+    mix: list[str] = field(default_factory=list, metadata=_ADVISE_PATH)
     # Field (JSONL) or column (Parquet, HF datasets) that holds the text.
     text_field: str = "text"
     # An existing tokenizer.json; None trains a byte-level BPE on a sample of the corpus (cached).
-    tokenizer: str | None = field(default=None, metadata=_ADVISE)
+    tokenizer: str | None = field(default=None, metadata=_ADVISE_PATH)
     val_fraction: float = field(default=0.05, metadata=_ADVISE)
     # Characters of text the BPE is trained on at most (a streamed, hash-drawn sample; the embedded corpus fits).
     tokenizer_sample_chars: int = field(default=100_000_000, metadata=_ADVISE)

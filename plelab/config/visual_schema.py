@@ -51,7 +51,7 @@ class VisualConfig:
     # (with clean features the image alone leaves little to explain, and a study on it cannot fail).
     feature_noise: float = field(default=0.0, metadata=_DATA)
     # Users' image–caption pairs (.jsonl or a folder); None = the embedded scenes.
-    data: str | None = field(default=None, metadata=_DATA)
+    data: str | None = field(default=None, metadata=tags("sweep_data", "path"))
     online: bool = field(default=True, metadata=tags("sweep_data", "quantizer_ids"))
     quantizer_lr: float = field(default=1e-3, metadata=tags("sweep_data", "quantizer_ids"))
     quantizer_batch: int = field(default=32, metadata=tags("sweep_data", "quantizer_ids"))

@@ -13,6 +13,7 @@ import html
 import time
 from pathlib import Path
 
+from plelab.config.paths import absolute
 from plelab.errors import ConfigError
 from plelab.io import atomic_write, check_folder_target, write_json
 from plelab.reports.sweep_findings import findings, required_seeds
@@ -218,7 +219,7 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path], plan
                      "undecided is \"inconclusive\", with the seeds that would decide it."))
     out.append(("p", f"**Analysis plan.** {plan['text']}"))
     if spec.kind == "dp":
-        out.append(("p", f"Reproduce or resume: `{sweep_command(spec, res.root)}`"))
+        out.append(("p", f"Reproduce or resume: `{sweep_command(spec, Path(absolute(str(res.root))))}`"))
     if res.missing:
         out.append(("p", f"**{len(res.missing)} run(s) unfinished** and left out: {', '.join(res.missing[:8])}"
                          + (" …" if len(res.missing) > 8 else "") + f". Rerun `plelab sweep --out {res.root}`."))

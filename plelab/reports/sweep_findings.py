@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 
+from plelab.config.paths import absolute
 from plelab.sweeps import stats
 from plelab.sweeps.results import SweepResults
 from plelab.sweeps.spec import sweep_command
@@ -133,7 +135,7 @@ def findings(res: SweepResults, analysis: dict, reg: dict) -> list[Finding]:
         if need:
             msg += (f"; about {need} seeds per arm would decide every step at δ={spec.delta} (detect a true step of δ, "
                     "or show ±δ when there is none, on the pooled and on each pair's own error — the number plelab "
-                    f"plan gives for this question; grow this sweep: `{sweep_command(spec, res.root, seeds=need)}`)")
+                    f"plan gives for this question; grow this sweep: `{sweep_command(spec, Path(absolute(str(res.root))), seeds=need)}`)")
         out.append(Finding(msg + ".", *_rows("consecutive", unclear)))
     seed_step = seed_step_finding(cons, spec, res.configs[spec.baseline]["model"]["hidden_size"],
                                   analysis["vs_baseline"])

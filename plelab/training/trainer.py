@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from plelab.config import keys_tagged
+from plelab.config.paths import portable
 from plelab.distributed import all_ranks_ok, barrier, init_distributed, mean_across_ranks, sum_across_ranks
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
@@ -64,7 +65,8 @@ class Trainer:
                  progress: bool = True, log=print, observers: Sequence[Observer] = ()) -> None:
         cfg = task.cfg
         tc = cfg.train
-        self.task, self.cfg, self.log, self.progress = task, cfg, log, progress
+        # the run records its paths absolute (config.json, state, summary): its config works from any directory
+        self.task, self.cfg, self.log, self.progress = task, portable(cfg), log, progress
         self.run_dir = Path(run_dir) if run_dir is not None else None
         device = resolve_device(tc.device)
         self.dist = init_distributed(device.type)
