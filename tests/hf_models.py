@@ -28,3 +28,21 @@ def tiny_host(kind: str = "llama", **extra):
 
 def batch(seed: int = 0, b: int = 2, t: int = 12) -> torch.Tensor:
     return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def lightning_module(lightning, model):
+    """A LightningModule training ``model`` (an attached HF causal LM) on batches of token ids with plelab's AdamW."""
+    import plelab
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = model
+
+        def training_step(self, ids, _):
+            return self.lm(ids, labels=ids).loss
+
+        def configure_optimizers(self):
+            return plelab.adamw(plelab.param_groups(self.lm, lr=1e-2))
+
+    return Module()

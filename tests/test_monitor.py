@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from hf_models import VOCAB, tiny_host
+from hf_models import VOCAB, lightning_module, tiny_host
 
 import plelab
 from plelab.cli import main
@@ -37,9 +37,9 @@ def train_monitored(out, seed=0, steps=8, w0="auto", every=2, checkpoint_every=4
 
 def test_plain_loop_writes_plelabs_formats(tmp_path):
     model, monitor, rows = train_monitored(tmp_path)
-    assert [r["step"] for r in rows if r] == [1, 3, 5, 7]
+    assert [r["step"] for r in rows if r] == [2, 4, 6, 8]  # completed steps, 1-based, as plelab train counts
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines] == [1, 3, 5, 7]
+    assert [x["step"] for x in lines] == [2, 4, 6, 8]
     diag = lines[-1]["diag"]
     assert len(diag["snr"]) == len(diag["grad_table"]) == len(diag["grad_trunk"]) == 2
     assert all(v > 0 for v in diag["snr"] + diag["grad_table"] + diag["grad_proj"] + diag["grad_trunk"])
@@ -116,8 +116,10 @@ def test_hf_trainer_with_the_callback(tmp_path):
     trainer = Trainer(model=model, args=args, train_dataset=data, optimizers=(opt, None),
                       callbacks=[plelab.integrations.HFTrainerCallback(monitor)])
     trainer.train()
-    steps = [json.loads(x)["step"] for x in (tmp_path / "mon" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 3]
+    rows = [json.loads(x) for x in (tmp_path / "mon" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "diag" in r] == [2, 4]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4] and all("learning_rate" in r for r in rows
+                                                                            if "loss" in r)
     assert (tmp_path / "mon" / "checkpoints" / "step-000004" / "diagnostics.json").exists()
     assert not model.base_model.per_layer_embedding._forward_hooks  # on_train_end closed the monitor
 
@@ -127,23 +129,13 @@ def test_lightning_callback(tmp_path):
 
     model = plelab.attach(tiny_host(), 8)
 
-    class Module(lightning.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = model
-
-        def training_step(self, ids, _):
-            return self.lm(ids, labels=ids).loss
-
-        def configure_optimizers(self):
-            return plelab.adamw(plelab.param_groups(self.lm, lr=1e-2))
-
     monitor = plelab.Monitor(model, tmp_path, every=1)
     trainer = lightning.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
                                 enable_progress_bar=False, enable_model_summary=False,
                                 callbacks=[plelab.integrations.LightningCallback(monitor)])
-    trainer.fit(Module(), torch.utils.data.DataLoader(windows(4, 12), batch_size=4))
-    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+    trainer.fit(lightning_module(lightning, model), torch.utils.data.DataLoader(windows(4, 12), batch_size=4))
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert (tmp_path / "checkpoints" / "step-000003" / "diagnostics.json").exists()  # the final verdict
 
 
 BAD_MONITOR = {
@@ -183,7 +175,7 @@ def test_under_ddp_rank_0_writes_and_counts_are_summed(tmp_path):
     proc = torchrun(["--nproc_per_node=2", str(here / "ddp_monitor_script.py"), str(tmp_path)], env=env,
                     before_retry=start_again)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 3]
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [2, 4]
     with safe_open(str(tmp_path / "checkpoints" / "step-000004" / "ple_table.safetensors"), framework="pt") as f:
         counts = f.get_tensor("diag.row_counts")
     ids = torch.cat([torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(100 * s + r))

@@ -20,6 +20,14 @@ What it writes (rank 0; the row counts are summed over ranks under torchrun), in
   reads;
 - ``monitor.json``: the table's shape and where W_0 comes from.
 
+Steps are counted as plelab's trainer counts them: completed optimizer steps, 1-based (``monitor.step(i)`` after
+the backward of the loop's step ``i``, 0-based, writes its row as step ``i + 1``; ``checkpoints/step-N`` holds the
+table after N steps). :meth:`Monitor.finish` writes the last step's checkpoint (the final verdict) if the schedule
+did not; :meth:`Monitor.state_dict` / :meth:`Monitor.load_state_dict` carry the row counts across a resume, so
+they never restart; :meth:`Monitor.log` adds the host loop's loss and learning rate to ``metrics.jsonl`` and
+:meth:`Monitor.scalars` gives the latest diagnostics as flat numbers for a logger; :meth:`Monitor.check_optimizer`
+warns when the optimizer decays the table (Δ = W_t − W_0 assumes it does not).
+
 W_0: regenerated from the seed when :func:`plelab.attach` initialised the table (its arguments are in the model's
 config), otherwise one snapshot of the table at construction, written to ``w0.safetensors`` and memory-mapped at
 each checkpoint (disk: one table's bytes; memory: none held between checkpoints).
@@ -28,6 +36,8 @@ each checkpoint (disk: one table's bytes; memory: none held between checkpoints)
 from __future__ import annotations
 
 import json
+import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -129,6 +139,7 @@ class Monitor:
         self.rows = RowCounter(table.shape[0], table.device)
         self.probe: SignalProbe | None = None
         self._handles = [self.ple.embedding.register_forward_hook(self._count, with_kwargs=True)]
+        self.completed, self.last_checkpoint, self.latest = 0, None, {}
         self.w0_source, self.w0_init = "regenerated from the attach seed", attach_init(model)
         if w0 == "snapshot" or self.w0_init is None:
             self.w0_init = None
@@ -169,15 +180,78 @@ class Monitor:
             if self._due(step):
                 diag = {**self.probe.summary(), **gradient_norms(self.model),
                         "rows_touched": self.rows.fraction_touched(self.dist)}
-                row = {"step": step, "diag": diag}
+                row = {"step": step + 1, "diag": diag}
+                self.latest = diag
                 if self.dist.is_main:
                     with (self.out / "metrics.jsonl").open("a") as f:
                         f.write(json.dumps(row) + "\n")
             self.probe = None
+        self.completed = step + 1
         if self.checkpoint_every and (step + 1) % self.checkpoint_every == 0:
             self.checkpoint(step + 1)
         self._arm(step + 1)
         return row
+
+    def log(self, step: int, values: dict) -> None:
+        """Append ``{"step": step, **values}`` (the host loop's numbers: loss, learning rate, …; ``step`` completed
+        steps) to ``metrics.jsonl`` (rank 0; non-numeric values are left out)."""
+        row = {k: float(v) for k, v in values.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
+        if row and self.dist.is_main:
+            with (self.out / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps({"step": int(step), **row}) + "\n")
+
+    def scalars(self, prefix: str = "plelab/") -> dict[str, float]:
+        """The latest signal diagnostics as flat numbers for a logger: each per-layer metric's mean over the layers
+        that have it, named ``{prefix}{metric}``, and the share of rows touched."""
+        out = {}
+        for name, value in self.latest.items():
+            values = value if isinstance(value, list) else [value]
+            xs = [float(x) for x in values if isinstance(x, (int, float)) and not isinstance(x, bool)]
+            if xs:
+                out[prefix + name] = sum(xs) / len(xs)
+        return out
+
+    def check_optimizer(self, optimizer) -> float:
+        """The weight decay ``optimizer`` applies to the table (0.0 when none); warns when it is > 0: the Monitor's
+        Δ = W_t − W_0 then counts the decay's shrink as learning (give the table a group with weight_decay=0, e.g.
+        ``plelab.param_groups``)."""
+        table = self.ple.table
+        decay = max((float(g.get("weight_decay", 0.0)) for g in getattr(optimizer, "param_groups", [])
+                     if any(p is table for p in g["params"])), default=0.0)
+        if decay > 0:
+            warnings.warn(f"plelab.Monitor: the optimizer decays the PLE table (weight_decay={decay:g}); Δ = W_t − W_0 "
+                          "then reads the decay's shrink as learning — give the table weight_decay=0 (plelab.param_groups "
+                          "does), e.g. Trainer(optimizers=(plelab.adamw(plelab.param_groups(model, lr)), None))",
+                          stacklevel=2)
+        return decay
+
+    def state_dict(self) -> dict:
+        """What a resume needs: completed steps, the last checkpointed step and this rank's row counts."""
+        return {"step": self.completed, "last_checkpoint": self.last_checkpoint,
+                "row_counts": self.rows.counts.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`: the row counts go on from where they were, never from 0."""
+        counts = state.get("row_counts")
+        if not isinstance(counts, torch.Tensor) or counts.shape != self.rows.counts.shape:
+            got = tuple(counts.shape) if isinstance(counts, torch.Tensor) else type(counts).__name__
+            raise PlelabError(f"the saved Monitor state holds row counts {got}, this table has "
+                              f"{tuple(self.rows.counts.shape)} rows: it belongs to another model")
+        with torch.no_grad():
+            self.rows.counts.copy_(counts.to(self.rows.counts.device, self.rows.counts.dtype))
+        self.completed = int(state.get("step", 0))
+        last = state.get("last_checkpoint")
+        self.last_checkpoint = None if last is None else int(last)
+        self._arm(self.completed)
+
+    def finish(self, step: int | None = None) -> dict | None:
+        """The final verdict and the end: a checkpoint at ``step`` (default the completed steps) unless one was just
+        written there, then :meth:`close`. Returns that checkpoint's diagnostics (None if none was written)."""
+        step = self.completed if step is None else int(step)
+        diags = self.checkpoint(step) if step > 0 and step != self.last_checkpoint else None
+        self.close()
+        return diags
 
     def w0(self) -> torch.Tensor:
         """The table at step 0, ``[Vp, L·dP]`` float32 (memory-mapped when it is the snapshot)."""
@@ -190,6 +264,7 @@ class Monitor:
         (rank 0; other ranks take part in the row-count sum and return None). ``val_windows``: this call's use-test
         windows instead of the monitor's own."""
         counts = sum_across_ranks(self.rows.counts, self.dist).cpu()  # a collective: every rank calls it
+        self.last_checkpoint = step
         if not self.dist.is_main:
             return None
         folder = self.out / "checkpoints" / f"step-{step:06d}"
