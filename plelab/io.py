@@ -11,6 +11,7 @@ import errno
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -65,6 +66,16 @@ def os_reason(err: OSError) -> str:
     if err.errno in (errno.ENOTDIR, errno.EEXIST):
         reason += " (a file is in the way where a folder is needed)"
     return reason
+
+
+def write_failure(err: BaseException) -> str | None:
+    """Why a write failed, in words, when ``err`` is a failed write (else None: a bug, to be raised as it is): an
+    ``OSError``, a safetensors ``SafetensorError``, or another Rust writer's error carrying an OS error (tokenizers:
+    ``No space left on device (os error 28)``)."""
+    if isinstance(err, OSError):
+        return os_reason(err)
+    text = (str(err).splitlines() or [repr(err)])[0]
+    return text if type(err).__name__ == "SafetensorError" or re.search(r"\(os error \d+\)", text) else None
 
 
 def check_name(name: object, what: str) -> str:

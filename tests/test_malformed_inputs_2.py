@@ -13,7 +13,9 @@ import math
 import os
 import random
 import re
+import resource
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -225,3 +227,22 @@ def test_verify_rebuilds_a_damaged_cache_entry(work, capsys):
     assert main([*argv, "--verify"]) == 0
     assert "holds id 60,000, beyond the tokenizer's" in capsys.readouterr().out
     assert main(argv) == 0
+
+
+# ---- item 10: export onto a full disk ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("limit", [64 << 10, 0], ids=["model-file-too-large", "config-file-too-large"])
+def test_export_onto_a_full_disk_is_one_line_and_leaves_nothing(work, capsys, limit):
+    """The file-size limit makes the real writers fail as a full disk does (safetensors' Rust writer with a
+    SafetensorError, Python's with an OSError): one line, and no folder left, complete-looking or not."""
+    out = work / "o" / f"export-{limit}"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    ignored = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        refused(["export", str(work / "run"), str(out)], f"cannot write export folder {out}: ", work, capsys)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, ignored)
+    assert not out.exists() and not list(out.parent.glob(f".{out.name}*"))
+    assert main(["export", str(work / "run"), str(out)]) == 0  # space freed: the same command writes it

@@ -8,7 +8,8 @@
 
 Both folders hold ``tokenizer.json`` with the files ``AutoTokenizer`` reads (EOS ``<|endoftext|>``) and a
 ``generation_config.json``. The folder is written next to ``OUT`` and renamed into place only after transformers
-loaded it back and its logits matched the run's within :data:`TOLERANCE` (``verify``).
+loaded it back and its logits matched the run's within :data:`TOLERANCE` (``verify``); a write that fails (a full
+disk) is one line, and the half-written folder is removed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from plelab.data.tokenizer import EOS
 from plelab.errors import PlelabError
 from plelab.integrations.hf_model import MODEL_TYPE, classes, register, require_transformers
 from plelab.integrations.pretrained import from_pretrained
-from plelab.io import check_folder_target, ensure_dir, save_safetensors, temp_dir
+from plelab.io import check_folder_target, ensure_dir, save_safetensors, temp_dir, write_failure
 from plelab.training.checkpoint import read_state
 from plelab.training.loading import checkpoint_of, load_for_eval, run_tokenizer_file
 
@@ -117,8 +118,9 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
         config, weights, note = _llama(cfg, state)
         notes = [note]
     ensure_dir(out.parent, "export folder's parent", "choose another OUT")
-    tmp = temp_dir(out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    tmp = None
     try:
+        tmp = temp_dir(out.parent, prefix=f".{out.name}.", suffix=".tmp")
         config.save_pretrained(tmp)
         save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt"})
         transformers.GenerationConfig(bos_token_id=0, eos_token_id=0).save_pretrained(tmp)
@@ -128,7 +130,13 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
             raise PlelabError(f"the exported model's logits differ from the run's by {diff:.2e} (> {TOLERANCE:g}); "
                               "this is a plelab bug — please report it with the run's config.json")
         tmp.rename(out)
+    except Exception as err:  # a full disk, a quota: one line, and nothing left (a bug is raised as it is)
+        why = write_failure(err)
+        if why is None:
+            raise
+        raise PlelabError(f"cannot write export folder {out}: {why}; free space or choose another OUT, then export "
+                          "again (nothing was left behind)") from None
     finally:
-        if tmp.exists():
+        if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return ExportResult(out=out, architecture=config.architectures[0], step=step, max_logit_diff=diff, notes=notes)

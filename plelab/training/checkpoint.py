@@ -38,7 +38,7 @@ from plelab.config.schema import RunConfig
 from plelab.distributed import DistInfo, all_ranks_ok, barrier
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
-from plelab.io import save_safetensors, temp_dir, write_json
+from plelab.io import save_safetensors, temp_dir, write_failure, write_json
 from plelab.model.loading import check_tensors
 from plelab.training import sharded_checkpoint as sharded
 
@@ -123,8 +123,7 @@ def save_checkpoint(run_dir: Path, step: int, model_tensors: dict, opt_tensors: 
             write_json(tmp / "diagnostics.json", diagnostics)
         write_json(tmp / "state.json", {"format": FORMAT, "step": step, **state})
     except (OSError, SafetensorError) as err:  # e.g. no space left on device: the half checkpoint goes
-        why = getattr(err, "strerror", None) or (str(err).splitlines() or [repr(err)])[0]
-        raise _write_failed(run_dir, root, final, tmp, why) from None
+        raise _write_failed(run_dir, root, final, tmp, write_failure(err)) from None
     return _publish(run_dir, tmp, final, keep, protect)
 
 
