@@ -30,7 +30,8 @@ _EXPORTS: dict[str, str] = {
     # what the CLI verbs do
     "train": "plelab.runs", "evaluate": "plelab.training.evaluate", "diagnose": "plelab.integrations.checkpoints",
     "sweep": "plelab.sweeps.commands", "pack": "plelab.sweeps.commands", "report": "plelab.reports",
-    "plan": "plelab.sweeps.planning", "lr_search": "plelab.sweeps.commands",
+    "plan": "plelab.sweeps.planning", "lr_search": "plelab.sweeps.commands", "advise": "plelab.sweeps.advise",
+    "Advice": "plelab.sweeps.advise",
     "preregister_sweep": "plelab.sweeps.commands",
     "ingest": "plelab.data.pipeline", "prepare_data": "plelab.data.pipeline", "ladder": "plelab.sweeps.ladder",
     "fit_runs": "plelab.sweeps.scaling_runs", "fit_study": "plelab.sweeps.scaling",

@@ -17,6 +17,7 @@ import pytest
 import torch
 from tiny_sweeps import TINY, tiny_spec
 
+import plelab
 from plelab.cli import main
 from plelab.config import resolve_config
 from plelab.data.tokens import PackedSampler
@@ -143,6 +144,11 @@ def test_sweep_results_report_and_advise(sweep_dir, capsys):
     capsys.readouterr()
     assert main(["advise", str(sweep_dir)]) == 0
     assert "Recommendation: dP =" in capsys.readouterr().out
+    assert main(["advise", str(sweep_dir), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["status"] == "recommended" and answer["recommendation"] in answer["measured"]
+    advice = plelab.advise(sweep_dir)  # Python: the same answer, structured
+    assert advice.recommendation == answer["recommendation"] and "Recommendation: dP =" in advice.text()
     assert main(["advise", str(sweep_dir), "--dp", "64"]) == 2
     assert "refusing to extrapolate" in capsys.readouterr().err
     assert main(["advise", str(sweep_dir), "--preset", "gpu-125m"]) == 2

@@ -129,19 +129,26 @@ def test_advise_never_reads_low_power_as_no_difference(tmp_path, monkeypatch):
 
     def advise_text(res) -> str:
         monkeypatch.setattr("plelab.sweeps.advise.collect", lambda root, structure=False: res)
-        return advise(tmp_path)
+        advice = advise(tmp_path)
+        assert advice.text() == str(advice) and advice.to_dict()["lines"] == advice.lines
+        return advice
 
     rng = np.random.default_rng(9)
     base = 5.0 + rng.normal(0, 0.08, 3)
     res = _synthetic({"dp0": base, "dp8": base - 0.05 + rng.normal(0, 0.03, 3),
                       "dp16": base - 0.06 + rng.normal(0, 0.03, 3)})
-    text = advise_text(res)
+    advice = advise_text(res)
+    text = advice.text()
     assert "Cannot choose yet" in text and "seeds would decide" in text and "Recommendation" not in text
+    assert advice.status == "cannot choose yet" and advice.recommendation is None and advice.undecided
+    assert all(c["seeds_to_decide_noninferiority"] for c in advice.comparisons if c["status"] == "undecided")
     tight = 5.0 + rng.normal(0, 0.08, 8)
     res = _synthetic({"dp0": tight, "dp8": tight - 0.05 + rng.normal(0, 0.002, 8),
                       "dp16": tight - 0.052 + rng.normal(0, 0.002, 8)})
-    text = advise_text(res)
-    assert "Recommendation: dP = 8." in text and "within δ" in text
+    advice = advise_text(res)
+    assert "Recommendation: dP = 8." in advice.text() and "within δ" in advice.text()
+    assert (advice.status, advice.recommendation, advice.best) == ("recommended", 8, 16)
+    assert advice.arms[8]["label"] and advice.arms[0] == {"arm": "dp0", "added": 0, "added_pct_of_base": 0.0}
 
 
 

@@ -13,11 +13,12 @@ from plelab.demo import PROFILES, run_demo
 from plelab.errors import ConfigError
 from plelab.io import json_safe, write_json
 from plelab.reports import report
-from plelab.sweeps.advise import recommend
+from plelab.sweeps.advise import advise
 from plelab.sweeps.commands import DEFAULT_PRESET, lr_search, options_of, pack, preregister_sweep, sweep
 from plelab.sweeps.lr_search import CHOICE_FILE, DEFAULT_MULTS, DEFAULT_SEEDS, choice_text
 from plelab.sweeps.ladder import GPU_BF16_PEAK, Assumptions, ladder, ladder_text
 from plelab.sweeps.planning import FAMILIES, plan, plan_text
+from plelab.sweeps.runner import say
 from plelab.sweeps.scaling_runs import fit_runs, fit_text
 from plelab.sweeps.spec import CONTROLS, load_spec
 
@@ -42,6 +43,11 @@ def portable_options(args: argparse.Namespace) -> dict:
     ``sweep.json`` and the report's "Reproduce" line name the same files from any directory. A sweep already in
     ``--out`` that recorded one of them as typed (relative) keeps them as typed: it continues as it was defined."""
     typed = options_of(args)
+    data_keys = [f"data.{key}={value}" for key, value in (("text_field", getattr(args, "text_field", None)),
+                                                           ("tokenizer", getattr(args, "tokenizer", None))) if value]
+    if data_keys and not typed["data"]:
+        raise ConfigError("--text-field and --tokenizer describe the text --data gives; add --data PATH or drop them")
+    typed["overrides"] = [*(typed["overrides"] or []), *data_keys]
     options = {**typed, "data": absolute(typed["data"]) if typed["data"] else typed["data"],
                "overrides": portable_overrides(typed["overrides"] or []),
                "variants": [(name, portable_overrides(extra)) for name, extra in typed["variants"] or []]}
@@ -74,9 +80,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"commit {root}/sweep.json and {root}/PLAN.md now (git add {root} && git commit), then rerun this "
               "command without --preregister to run the study")
         return 0
-    script = sweep(root, jobs=args.jobs, emit=args.emit, progress=not args.no_progress, nodes=args.nodes,
+    script = sweep(root, jobs=args.jobs, emit=args.emit, progress=not args.no_progress, nodes=args.nodes, log=say,
                    **portable_options(args))
-    if script is not None:
+    if args.emit:
         print(f"wrote {script}; when the runs are done: plelab report {root}")
     elif not args.no_report:
         print("\n".join(f"wrote {p}" for p in report(root)))
@@ -97,7 +103,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    print(recommend(args.sweep, dp=args.dp, preset=args.preset, overrides=args.overrides))
+    advice = advise(args.sweep, dp=args.dp, preset=args.preset, overrides=args.overrides)
+    print(json.dumps(json_safe(advice.to_dict()), indent=1) if args.json else advice.text())
     return 0
 
 
@@ -183,6 +190,9 @@ def study_args(p) -> None:
                    help="an extra arm family crossed with every dP > 0, e.g. scalar:ple.gate=scalar")
     p.add_argument("--steps", type=int, help="optimizer steps per run (equal token budget for every arm)")
     p.add_argument("--data", help="your text instead of the embedded corpus (as for plelab train)")
+    p.add_argument("--text-field", help="with --data: the JSONL field / Parquet column holding the text (default "
+                                        "'text', as for plelab train)")
+    p.add_argument("--tokenizer", help="with --data: its tokenizer.json, or a folder holding one (as for plelab train)")
     p.add_argument("--delta", type=float,
                    help="smallest effect of interest δ in nats for the equivalence tests (default 0.005: below the "
                         "seed's dP 0→64 gain of 0.006); fixed in the sweep's analysis plan when it is created")
@@ -234,6 +244,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--dp", type=dp_value, help="ask about this dP instead")
     p.add_argument("--preset", help="the configuration you want to use (default: the sweep's own)")
     add_set(p, "that configuration's fields")
+    p.add_argument("--json", action="store_true", help="print the advice as JSON (status, recommendation, each "
+                                                       "comparison and the seeds that would decide it)")
     p.set_defaults(func=cmd_advise)
 
     p = sub.add_parser("plan", help="seeds a confirmatory sweep needs (from a pilot sweep), or a scale ladder to a "

@@ -14,6 +14,7 @@ seed's dead zone sits at 3B parameters and 400B tokens).
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from plelab.config import RunConfig, keys_tagged, resolve_config
@@ -36,11 +37,43 @@ def _differences(measured: dict, target: dict) -> list[str]:
     return out
 
 
-def recommend(sweep: str | Path, *, dp: int | None = None, preset: str | None = None,
-              overrides: list[str] | tuple[str, ...] = ()) -> str:
-    """``plelab advise``: :func:`advise` for the sweep's own configuration, that configuration with ``overrides``
+@dataclass
+class Advice:
+    """What ``plelab advise`` answers, structured: ``status`` is "recommended" (``recommendation`` holds the dP),
+    "cannot choose yet" (``undecided``: the cheaper dPs neither shown within δ of the best nor shown worse, each with
+    the seeds that would decide its non-inferiority question) or "asked" (``dp`` was given: its numbers only).
+    ``arms``: per measured dP, its added parameters and its Δ vs the baseline; ``comparisons``: each cheaper dP
+    against the best; ``controls``: the chosen dP's controls. ``lines``: the text, as printed."""
+
+    sweep: str
+    status: str
+    measured: list[int]
+    seeds: int
+    steps: int
+    delta: float
+    best: int | None = None
+    recommendation: int | None = None
+    undecided: list[int] = field(default_factory=list)
+    arms: dict[int, dict] = field(default_factory=dict)
+    comparisons: list[dict] = field(default_factory=list)
+    controls: list[dict] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def advise(sweep: str | Path, *, dp: int | None = None, preset: str | None = None,
+           overrides: list[str] | tuple[str, ...] = ()) -> Advice:
+    """``plelab advise``: the advice for the sweep's own configuration, that configuration with ``overrides``
     (``section.key=value``), or another ``preset`` (with ``overrides``) — refused where it differs from what the
-    sweep measured."""
+    sweep measured. ``str(advice)`` is the printed text."""
     root, target = Path(sweep), None
     if preset or overrides:
         spec = load_spec(root)
@@ -50,10 +83,11 @@ def recommend(sweep: str | Path, *, dp: int | None = None, preset: str | None = 
             target = resolve_config(preset, list(overrides))
         else:  # the sweep's own configuration with changes
             target = resolve_config(spec.preset, [*spec.overrides, *overrides], steps=spec.steps)
-    return advise(root, target=target, dp=dp, target_name=preset or "that configuration")
+    return _advise(root, target=target, dp=dp, target_name=preset or "that configuration")
 
 
-def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, target_name: str | None = None) -> str:
+def _advise(root: Path, target: RunConfig | None = None, dp: int | None = None,
+            target_name: str | None = None) -> Advice:
     res = collect(root, structure=False)
     spec, base = res.spec, res.configs[res.spec.baseline]
     if target is not None:
@@ -77,20 +111,30 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
     acc = res.accounting
     lines = [f"Sweep {root}: preset {spec.preset}, measured dP {measured}, {len(spec.seeds)} seeds, "
              f"{base['train']['steps']} steps; δ = {spec.delta} nats."]
-
     name = {d: spec.at("dP", d) for d in measured}
+    arms = {}
+    for d in measured:
+        c, a = vs.get(name[d]), acc[name[d]]
+        arms[d] = {"arm": name[d], "added": a["added"], "added_pct_of_base": a["added_pct_of_base"]}
+        if c is not None:
+            arms[d] |= {"delta_vs_baseline": c["mean"], "ci": [c["ci_low"], c["ci_high"]], "label": c["label"],
+                        "nats_per_added_million": -c["mean"] / (a["added"] / 1e6) if a["added"] else 0.0}
+    advice = Advice(str(root), "asked", measured, len(spec.seeds), base["train"]["steps"], spec.delta, arms=arms,
+                    lines=lines)
 
     def describe(d: int) -> str:
-        c, a = vs.get(name[d]), acc[name[d]]
-        if c is None:
+        a = arms[d]
+        if "label" not in a:
             return f"dP={d}: the baseline"
-        per_m = -c["mean"] / (a["added"] / 1e6) if a["added"] else 0.0
-        ci = f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}]" if c["ci_low"] is not None else "(no CI)"
+        lo, hi = a["ci"]
+        ci = f"[{lo:+.4f}, {hi:+.4f}]" if lo is not None else "(no CI)"
         return (f"dP={d}: +{a['added']:,} parameters (+{a['added_pct_of_base']:.2f}% of base), Δ vs baseline "
-                f"{c['mean']:+.4f} {ci}, '{c['label']}', {per_m:+.4f} nats per added M parameters")
+                f"{a['delta_vs_baseline']:+.4f} {ci}, '{a['label']}', {a['nats_per_added_million']:+.4f} nats per "
+                "added M parameters")
 
     if dp is not None:
-        return "\n".join([*lines, describe(dp)])
+        lines.append(describe(dp))
+        return advice
     losses = {name[d]: {s_: r.loss for s_, r in res.runs[name[d]].items()} for d in measured}
     best = min(measured, key=lambda d: sum(losses[name[d]].values()) / len(losses[name[d]]))
     cheaper = [d for d in measured if d < best]
@@ -111,19 +155,26 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
     within = [d for d in cheaper if status[d][0] == "within δ"]
     choice = within[0] if within else best
     undecided = [d for d in cheaper if d < choice and status[d][0] == "undecided"]
+    advice.best = best
     lines.append(f"Lowest mean loss: dP={best}. Each cheaper dP against it, one-sided: is it worse by less than "
                  f"δ = {spec.delta}? (non-inferiority, paired by seed, Holm over {len(cheaper)})")
     for d in cheaper:
         what, c, p = status[d]
         need = power.seeds_to_decide("noninferior", c.sd, spec.delta, spec.alpha / max(1, len(cheaper)))
+        advice.comparisons.append({"dp": d, "against": best, "mean": c.mean, "ci": [c.ci_low, c.ci_high],
+                                   "p_noninferior_holm": p, "status": what,
+                                   "seeds_to_decide_noninferiority": need if what == "undecided" else None})
         lines.append(f"  dP={d}: {d} − best = {c.mean:+.4f} [{c.ci_low:+.4f}, {c.ci_high:+.4f}], p_NI,Holm {p:.3g} "
-                     f"→ {what}" + (f" (≈{need} seeds would decide, if the true difference is 0)"
+                     f"→ {what}" + (f" (≈{need} seeds would decide this non-inferiority question, if the true "
+                                    "difference is 0)"
                                     if what == "undecided" and need else ""))
     if undecided:
         lines.append(f"Cannot choose yet: dP={choice} is the cheapest shown within δ of the best, but "
                      f"{', '.join(f'dP={d}' for d in undecided)} might be too and is neither shown within δ nor "
                      "shown worse. Grow the sweep with the seeds above before choosing.")
-        return "\n".join(lines)
+        advice.status, advice.undecided = "cannot choose yet", undecided
+        return advice
+    advice.status, advice.recommendation = "recommended", choice
     lines.append(f"Recommendation: dP = {choice}.")
     lines.append(f"  {describe(choice)}")
     if choice != best:
@@ -136,6 +187,8 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
             what = {"zero": "zeroed (the main embedding re-injected into every layer)", "frozen": "frozen at its "
                     "random init", "iid": "looked up by i.i.d. ids (no token information)"}[kind]
             rest = vs[name[choice]]["mean"] + c["mean"]
+            advice.controls.append({"control": kind, "arm": control, "mean": c["mean"],
+                                    "ci": [c["ci_low"], c["ci_high"]], "label": c["label"], "gain_without": rest})
             lines.append(f"  With the table {what}, the loss at dP={choice} is {c['mean']:+.4f} [{c['ci_low']:+.4f}, "
                          f"{c['ci_high']:+.4f}] higher ('{c['label']}'): the learned table's own share; {rest:+.4f} "
                          "of the gain comes without it.")
@@ -143,4 +196,4 @@ def advise(root: Path, target: RunConfig | None = None, dp: int | None = None, t
         if d not in (0, choice):
             lines.append(f"  {describe(d)}")
     lines.append("Valid only for this configuration (model, PLE settings, token budget and data as measured).")
-    return "\n".join(lines)
+    return advice

@@ -2,7 +2,7 @@
 
 Both take typed Python arguments (lists, not comma-separated text); :mod:`plelab.cli.sweep` converts
 the command line. The report is :func:`plelab.reports.sweep.write_report`; advice is
-:func:`plelab.sweeps.advise.recommend`.
+:func:`plelab.sweeps.advise.advise`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from plelab.sweeps.preregister import preregister
 from plelab.sweeps.records import copy_records, record_path, sweep_roots
 from plelab.sweeps.results import collect
 from plelab.sweeps.cluster import emit_scripts
-from plelab.sweeps.runner import folder_done, jobs_of, record_finished, run_sweep
+from plelab.sweeps.runner import RunJob, folder_done, jobs_of, record_finished, run_sweep, say
 from plelab.sweeps.spec import (CONTROLS, DEFAULT_LAST_K, DP_DELTA, SweepSpec, dp_arms, load_spec,
                                 merge_spec)
 
@@ -116,11 +116,13 @@ def dp_spec_from_args(args: object, existing: SweepSpec | None = None) -> SweepS
 
 
 def sweep(out: str | Path, *, jobs: int = 1, emit: str | None = None, progress: bool = True, nodes: int = 1,
-          **options) -> Path | None:
+          log=None, **options) -> Path | list[RunJob]:
     """Run, resume or grow the dP sweep in ``out`` that ``options`` (:func:`dp_spec`'s arguments) describe, with
-    ``jobs`` worker processes; with ``emit`` (``"torchrun"`` / ``"slurm"``) write the per-run commands instead and
-    return that file (``nodes`` per run). A folder that holds another sweep definition is refused (nothing
-    written)."""
+    ``jobs`` worker processes, and return its runs (:class:`~plelab.sweeps.runner.RunJob`: arm, seed, folder; read
+    their results with :func:`plelab.report`); with ``emit`` (``"torchrun"`` / ``"slurm"``) write the per-run
+    commands instead and return that file (``nodes`` per run). A folder that holds another sweep definition is
+    refused (nothing written). ``log``: where the sweep's lines go (default: printed with ``progress``, silent
+    without)."""
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     if nodes != 1 and not emit:
@@ -130,8 +132,8 @@ def sweep(out: str | Path, *, jobs: int = 1, emit: str | None = None, progress: 
     spec = merge_spec(root, dp_spec(**options, existing=load_spec(root)))
     if emit:
         return emit_scripts(root, spec, emit, nodes)
-    run_sweep(root, spec, jobs=jobs, progress=progress)
-    return None
+    return run_sweep(root, spec, jobs=jobs, progress=progress,
+                     log=log if log is not None else say if progress else (lambda *a: None))
 
 
 def preregister_sweep(out: str | Path, *, jobs: int = 1, log=print, **options) -> list[Path]:
