@@ -54,7 +54,7 @@ _EXPORTS: dict[str, str] = {
 # packages that register kinds of run (and their studies) when imported: loaded before any verb is returned
 _PLUGINS = ("plelab.visual",)
 # plelab's model for transformers' Auto classes: registered when transformers is imported (see the module doc)
-_HF_REGISTRATION = "plelab.integrations.hf_model"
+_HF_REGISTRATION = ("plelab.integrations.hf_model", "plelab.integrations.hf_attached")
 
 __all__ = ["__version__", *_EXPORTS]
 
@@ -75,7 +75,8 @@ def __dir__() -> list[str]:
 
 def _register_with_transformers() -> None:
     try:
-        importlib.import_module(_HF_REGISTRATION).register()
+        for module in _HF_REGISTRATION:
+            importlib.import_module(module).register()
     except Exception as err:  # never break the user's import of transformers: warn and go on without plelab's class
         warnings.warn(f"plelab could not register its model with transformers ({err}); AutoModelForCausalLM will "
                       "not load plelab exports", stacklevel=2)

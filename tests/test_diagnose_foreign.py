@@ -8,6 +8,7 @@ table rows are drawn i.i.d. per position, so no row can learn anything about its
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -101,7 +102,15 @@ def test_the_full_verdict_on_a_foreign_pair_learned_and_used_and_not_for_iid_ids
 
 def test_without_init_it_compares_wt_and_says_so(pairs, tmp_path):
     real, _ = pairs
-    rep = diagnose_json(tmp_path, real / "s0", "--reference", real / "s1")
+    # folders saved after plelab.attach record the init's seed: W_0 is regenerated, the basis is Δ
+    rep = diagnose_json(tmp_path / "attached", real / "s0", "--reference", real / "s1")
+    assert rep["table"]["basis"] == "Δ = W_t − W_0 (W_0 regenerated from the seeds plelab.attach recorded)"
+    for seed in ("s0", "s1"):  # the same tables without that record: W_t is all there is
+        shutil.copytree(real / seed, tmp_path / seed)
+        config = json.loads((tmp_path / seed / "config.json").read_text())
+        del config["plelab_ple"]["seed"]
+        (tmp_path / seed / "config.json").write_text(json.dumps(config))
+    rep = diagnose_json(tmp_path, tmp_path / "s0", "--reference", tmp_path / "s1")
     assert rep["table"]["basis"] == "W_t (no W_0 given)" and rep["table"]["use"] is None
     reasons = rep["table"]["verdict"]["reasons"]
     assert "independent initialisations" in reasons[0] and "frequency not matched" in reasons[0]

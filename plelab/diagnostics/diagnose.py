@@ -26,7 +26,7 @@ from plelab.data.mixture import train_sampler
 from plelab.data.pipeline import prepare_data
 from plelab.data.tokens import TokenData, data_val_windows, val_windows
 from plelab.diagnostics.agreement import cka_against_null, comparable
-from plelab.diagnostics.foreign import ForeignUse, foreign_report
+from plelab.diagnostics.foreign import ForeignUse, foreign_report, hf_config
 from plelab.diagnostics.live import initial_table
 from plelab.diagnostics.monitor import MonitoredTable
 from plelab.diagnostics.predictive import id_information
@@ -208,7 +208,9 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
                                    "STRUCTURE nor USE can be decided (a Gaussian table already has erank ≈ d and "
                                    "mean cos ≈ 0): add --reference, and --data with --tokenizer")
         report = foreign_report(report, source, reference, init, reference_init, foreign_use)
-        report["reliability"] = verdict_reliability(None, source.rows, dP, None, None, layers=L)
+        hidden = hf_config(source).get("hidden_size")  # the range check's H, where config.json gives it
+        report["reliability"] = verdict_reliability(hidden if isinstance(hidden, int) else None, source.rows, dP, None,
+                                                    None, layers=L)
         return report
 
     run = table_of(source)

@@ -4,7 +4,9 @@ bare safetensors).
 STRUCTURE — cross-seed agreement with ``--reference`` (:mod:`plelab.diagnostics.agreement`):
 
 - with ``init`` and ``reference_init`` (step-0 checkpoints of both runs) the compared matrices are
-  Δ = W_t − W_0 on the rows either run changed: the cross-seed test of a plelab run;
+  Δ = W_t − W_0 on the rows either run changed: the cross-seed test of a plelab run; folders saved after
+  :func:`plelab.attach` need neither — W_0 is regenerated from the seed and init std their config.json records
+  (:func:`attached_w0`);
 - without them the matrices are W_t themselves. Two seeds' random inits agree only at the null level, so W_t
   agreement above it is learned — *if* the two checkpoints start from independent initialisations (two fine-tunes
   of one pretrained model agree from step 0), which is why the verdict names its basis.
@@ -19,6 +21,7 @@ bins of the data's counts, and reset to W_0 when ``init`` gives it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +29,7 @@ import torch
 from torch import nn
 
 from plelab.diagnostics.agreement import cka_against_null, cka_with_null
+from plelab.diagnostics.monitor import ATTACH_CONFIG_KEY, regenerated_table
 from plelab.diagnostics.tables import TableSource, find_table
 from plelab.diagnostics.usage import use_metrics
 from plelab.diagnostics.verdict import UNDECIDED, Verdict, layer_verdict, structure_verdict, verdict
@@ -50,6 +54,32 @@ def _find(path: str, like: TableSource) -> TableSource:
         return find_table(path)
     except PlelabError:
         return find_table(path, like.num_layers, like.dim)
+
+
+def hf_config(source: TableSource) -> dict:
+    """The text part of the config.json beside ``source``'s table ({} where there is none or it is unreadable)."""
+    try:
+        cfg = json.loads((source.file.parent / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    text = cfg.get("text_config") if isinstance(cfg, dict) and isinstance(cfg.get("text_config"), dict) else cfg
+    if not isinstance(text, dict):
+        return {}
+    return {**text, **{k: cfg[k] for k in (ATTACH_CONFIG_KEY, "dtype", "torch_dtype") if k in cfg}}
+
+
+def attached_w0(source: TableSource) -> torch.Tensor | None:
+    """W_0 ``[Vp, L, dP]`` of a table :func:`plelab.attach` initialised, regenerated from the seed and init std its
+    folder's config.json records, rounded to the saved dtype as attach stored it (None: not such a folder)."""
+    cfg = hf_config(source)
+    saved = cfg.get(ATTACH_CONFIG_KEY)
+    if not isinstance(saved, dict) or "seed" not in saved or "init_std" not in saved:
+        return None
+    dtype = getattr(torch, str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"), torch.float32)
+    dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
+    shape = (source.rows, source.num_layers * source.dim)
+    return regenerated_table(shape, int(saved["seed"]), float(saved["init_std"]), dtype).view(
+        source.rows, source.num_layers, source.dim)
 
 
 def initial_of(source: TableSource, init: str, what: str) -> torch.Tensor:
@@ -78,11 +108,16 @@ def foreign_agreement(source: TableSource, reference: str, init: str | None, ref
         raise PlelabError(f"--reference {reference} has {ref.rows} table rows, this checkpoint {source.rows}: the "
                           "rows must be the same token ids (widths and layer counts may differ)")
     a, b = source.load(), ref.load()
+    ref_w0 = attached_w0(ref) if init is None and w0 is not None else None
     if init is not None:
         w0 = initial_of(source, init, "--init") if w0 is None else w0
         a, b = a - w0, b - initial_of(ref, reference_init, "--reference-init")
-    basis = "Δ = W_t − W_0" if init is not None else "W_t (no W_0 given)"
-    rows = ((a.flatten(1).norm(dim=1) > 0) | (b.flatten(1).norm(dim=1) > 0) if init is not None
+    elif ref_w0 is not None:  # both saved after plelab.attach: W_0 regenerated from the seeds they record
+        a, b = a - w0, b - ref_w0
+    delta = init is not None or ref_w0 is not None
+    basis = ("Δ = W_t − W_0" + ("" if init is not None else " (W_0 regenerated from the seeds plelab.attach recorded)")
+             if delta else "W_t (no W_0 given)")
+    rows = ((a.flatten(1).norm(dim=1) > 0) | (b.flatten(1).norm(dim=1) > 0) if delta
             else torch.ones(len(a), dtype=torch.bool))
     if int(rows.sum()) < 3:
         raise PlelabError("fewer than 3 table rows changed since --init in either run: train further, or check that "
@@ -101,7 +136,7 @@ def foreign_agreement(source: TableSource, reference: str, init: str | None, ref
     structure = structure_verdict(table["cka"], table["null_mean"], table["null_sd"])[0]
     how = ("rows shuffled within frequency bins of the data's token counts" if counts is not None
            else "rows shuffled among all rows: frequency not matched")
-    caveat = ("" if init is not None else "; W_t agreement counts as learned only if the two checkpoints start "
+    caveat = ("" if delta else "; W_t agreement counts as learned only if the two checkpoints start "
               "from independent initialisations (give --init/--reference-init for Δ)")
     out["table"] = {**table, "structure": structure,
                     "reason": f"cross-seed CKA of {basis} {table['cka']:.3f} vs permutation null "
@@ -116,7 +151,9 @@ def foreign_report(report: dict, source: TableSource, reference, init, reference
     counts = use.counts if use is not None else None
     if reference is not None:
         _check_init_pair(init, reference_init)
-    w0 = initial_of(source, str(init), "--init") if init is not None else None
+    w0 = initial_of(source, str(init), "--init") if init is not None else attached_w0(source)
+    if init is None and w0 is not None:
+        report["notes"].append("W_0 regenerated from the seed and init std plelab.attach recorded in config.json")
     agreement = (foreign_agreement(source, str(reference), init and str(init), reference_init and str(reference_init),
                                    counts, w0) if reference is not None else None)
     use_layers: dict[int, dict] = {}

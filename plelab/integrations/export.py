@@ -24,6 +24,7 @@ import torch
 from plelab.config.schema import RunConfig
 from plelab.data.tokenizer import EOS
 from plelab.errors import PlelabError
+from plelab.integrations.hf import refuse_attached
 from plelab.integrations.hf_model import MODEL_TYPE, classes, register, require_transformers
 from plelab.integrations.pretrained import from_pretrained
 from plelab.io import check_folder_target, ensure_dir, save_safetensors, temp_dir, write_failure
@@ -92,6 +93,7 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
     folder is loaded back through ``AutoModelForCausalLM`` and must give the run's logits within 1e-5.
     """
     transformers = require_transformers("plelab export")
+    refuse_attached(run, "plelab export")
     out = Path(out)
     if out.exists():
         raise PlelabError(f"{out} exists; export writes a new folder — choose another OUT or delete it")

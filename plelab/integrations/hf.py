@@ -15,6 +15,10 @@ What :func:`attach` does to ``model`` (a ``LlamaForCausalLM``, ``Qwen3ForCausalL
 outlives the call, and one process per replica (DDP, FSDP) keeps its own frames. The host's embedding scale (Gemma
 multiplies by √H, Llama does not) reaches ``c`` only through the RMSNorm's ``eps``: the projection is normalised.
 
+A folder ``save_pretrained`` writes after attach says ``"model_type": "plelab_attached"`` (:func:`mark_attached`): plain
+``AutoModelForCausalLM.from_pretrained`` loads it with PLE once plelab is imported, and refuses it otherwise
+(:mod:`plelab.integrations.hf_attached`); :func:`load_attached` reads both that and the older host-typed folders.
+
 Init: ``"gemma"`` is HF's (normal(0, ``initializer_range``), norm weights 1). ``"function-preserving"`` is the same
 with the branch's last factor at zero, so the logits equal the host's at step 0 — :class:`PerLayerInjection`'s own
 ``init`` option, which says which factor and when each PLE tensor first gets a gradient.
@@ -33,6 +37,7 @@ from plelab.config.schema import GATE_KINDS
 from plelab.diagnostics.monitor import ATTACH_CONFIG_KEY as PLE_CONFIG_KEY
 from plelab.errors import PlelabError
 from plelab.integrations.pretrained import from_pretrained
+from plelab.io import atomic_write
 from plelab.model.hf_weights import load_hf_weights, read_safetensors
 from plelab.model.ple import (INITS, PerLayerEmbedding, PerLayerInjection, PLEModules, keep_unregistered,
                               token_table_ids)
@@ -40,6 +45,53 @@ from plelab.model.ple import (INITS, PerLayerEmbedding, PerLayerInjection, PLEMo
 # Families transformers builds offline from a config whose layout attach knows (model_type -> how it is reached).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gpt_neox")
 TESTED_TRANSFORMERS = ("5.23",)  # major.minor versions the test suite ran attach under
+ATTACHED_TYPE = "plelab_attached"  # the model_type a folder saved after attach carries (the host's in plelab_ple)
+
+
+def mark_attached(folder: str | Path) -> None:
+    """Rewrite ``folder/config.json`` (written by ``save_pretrained`` of an attached model) so that its model_type is
+    :data:`ATTACHED_TYPE`; the host's type is in its ``plelab_ple`` entry. A folder without config.json (a rank that
+    does not save) is left alone."""
+    path = Path(folder) / "config.json"
+    if not path.exists():
+        return
+    config = json.loads(path.read_text())
+    saved = config.get(PLE_CONFIG_KEY)
+    if not isinstance(saved, dict) or config.get("model_type") == ATTACHED_TYPE:
+        return
+    saved.setdefault("host_model_type", config.get("model_type"))
+    config["model_type"] = ATTACHED_TYPE
+    atomic_write(path, lambda p: p.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n"))
+
+
+def refuse_attached(path: str | Path, verb: str) -> None:
+    """Refuse, in one line naming the loader, a folder ``save_pretrained`` wrote after :func:`attach` where ``verb``
+    (a plelab verb taking plelab runs) was given one."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(config, dict) and isinstance(config.get(PLE_CONFIG_KEY), dict) and not (Path(path) /
+                                                                                         "state.json").exists():
+        raise PlelabError(f"{path} is an HF model folder saved after plelab.attach, not a plelab run: {verb} takes "
+                          "plelab runs — load it with plelab.load_attached(path) (or "
+                          "transformers.AutoModelForCausalLM.from_pretrained(path) after import plelab) and use "
+                          "transformers' generate; plelab diagnose reads it as it is")
+
+
+def _saves_attached(model: nn.Module) -> None:
+    """Make ``model.save_pretrained`` mark the folder it writes (:func:`mark_attached`)."""
+    save = model.save_pretrained
+
+    def save_pretrained(save_directory, *args, **kwargs):
+        out = save(save_directory, *args, **kwargs)
+        mark_attached(save_directory)
+        return out
+
+    save_pretrained.__doc__ = (f"{save.__doc__ or ''}\n\nplelab.attach: the folder's config.json says model_type "
+                               f"{ATTACHED_TYPE!r} (load it with plelab.load_attached, or AutoModelForCausalLM after "
+                               "import plelab).")
+    object.__setattr__(model, "save_pretrained", save_pretrained)
 
 
 def check_transformers(version: str, allow_untested: bool = False) -> None:
@@ -191,7 +243,9 @@ def attach(model: nn.Module, dim: int, *, gate: str = "gemma", vocab_size: int |
     if table_device is not None:
         ple.table.data = ple.table.data.to(table_device)
     model.config.update({PLE_CONFIG_KEY: {"dim": dim, "gate": gate, "vocab_size": vp, "init": init,
-                                          "sparse_table": sparse_table, "seed": seed, "init_std": std}})
+                                          "sparse_table": sparse_table, "seed": seed, "init_std": std,
+                                          "host_model_type": model.config.model_type}})
+    _saves_attached(model)
     keep_unregistered(base, "plelab_attachment", Attachment(base, embed, layers, embedding, injections))
     return model
 
@@ -211,6 +265,20 @@ def load_attached(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     if not saved or not isinstance(saved, dict):
         raise PlelabError(f"{path}: its config.json has no {PLE_CONFIG_KEY!r} entry — it was not saved from a model "
                           "with plelab.attach; load it with transformers directly")
+    if config.get("model_type") == ATTACHED_TYPE:  # the host's config, rebuilt from the same keys
+        host = saved.get("host_model_type")
+        if not isinstance(host, str):
+            raise PlelabError(f"{config_file} says model_type {ATTACHED_TYPE!r} but its {PLE_CONFIG_KEY!r} entry names "
+                              "no host_model_type; save the attached model again with save_pretrained")
+        import transformers  # optional dependency (the hf extra): a saved HF folder needs it to load
+
+        try:
+            host_config = transformers.AutoConfig.for_model(host, **{k: v for k, v in config.items()
+                                                                     if k != "model_type"})
+        except (ValueError, TypeError) as err:
+            raise PlelabError(f"{config_file}: transformers cannot rebuild its host config of type {host!r} ({err})"
+                              ) from None
+        from_pretrained_kwargs.setdefault("config", host_config)
     # the PLE tensors are "unexpected" to the host class (quiet: from_pretrained's logging is off): loaded below
     model = from_pretrained("AutoModelForCausalLM", path, "the host model of a folder saved after plelab.attach",
                             **from_pretrained_kwargs)

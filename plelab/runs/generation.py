@@ -15,6 +15,7 @@ import torch
 
 from plelab.data.tokenizer import EOS, load_tokenizer
 from plelab.errors import PlelabError
+from plelab.integrations.hf import refuse_attached
 from plelab.model.generate import check_sampling, generate
 from plelab.training.loading import checkpoint_of, load_for_eval, run_tokenizer_file
 
@@ -26,6 +27,7 @@ def generate_text(run: str | Path, prompt: str, max_new_tokens: int = 64, *, tem
         check_sampling(max_new_tokens, temperature, top_k)
     except ValueError as err:
         raise PlelabError(f"{err} (plelab generate: --max-new-tokens, --temperature, --top-k)") from None
+    refuse_attached(run, "plelab generate")
     ckpt = checkpoint_of(run)
     tokenizer = load_tokenizer(run_tokenizer_file(ckpt))
     model, cfg = load_for_eval(ckpt, device=device)
