@@ -27,7 +27,8 @@ def test_jsonl_with_text_field(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps({"body": t, "id": i}) for i, t in enumerate(TEXTS)) + "\n\n")
     assert user_corpus(path, text_field="body").documents == TEXTS
-    with pytest.raises(PlelabError, match="line 1 has no field 'text'; choose the text field with --text-field"):
+    with pytest.raises(PlelabError, match=r"line 1 has no field 'text' \(its fields: 'body', 'id'\); choose the text "
+                                          "field with --text-field"):
         user_corpus(path)
 
 

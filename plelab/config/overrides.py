@@ -12,6 +12,7 @@ This module works on any config dataclass and imports none of them (``schema`` i
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -79,10 +80,22 @@ def _resolve(cfg: Any, key: str) -> tuple[Any, str, Any]:
         if parts[1] in hints:
             return owner, parts[1], hints[parts[1]]
         allowed = ", ".join(f"{parts[0]}.{k}" for k in hints)
-        raise ConfigError(f"unknown config key {key!r}: allowed keys in {parts[0]} are {allowed}")
+        raise ConfigError(f"unknown config key {key!r}{_did_you_mean(key, cfg)}: allowed keys in {parts[0]} are "
+                          f"{allowed}")
     top = [name for name in _hints(type(cfg)) if name not in sections]
-    raise ConfigError(f"unknown config key {key!r}: keys look like 'model.hidden_size'; sections are "
-                      + ", ".join(sections) + ", plus " + " and ".join(f"'{name}'" for name in top))
+    raise ConfigError(f"unknown config key {key!r}{_did_you_mean(key, cfg)}: keys look like 'model.hidden_size'; "
+                      "sections are " + ", ".join(sections) + ", plus " + " and ".join(f"'{name}'" for name in top))
+
+
+def _did_you_mean(key: str, cfg: Any) -> str:
+    """`` (did you mean 'x.y'?)`` for the closest valid dotted key, or ''."""
+    sections = _sections(type(cfg))
+    valid = [f"{s}.{k}" for s in sections for k in _hints(type(getattr(cfg, s)))]
+    valid += [name for name in _hints(type(cfg)) if name not in sections]
+    last = {v.rpartition(".")[2]: v for v in valid}
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.75) or \
+        [last[m] for m in difflib.get_close_matches(key.rpartition(".")[2], list(last), n=1, cutoff=0.8)]
+    return f" (did you mean {close[0]!r}?)" if close and close[0] != key else ""
 
 
 def get_value(cfg: Any, key: str) -> Any:

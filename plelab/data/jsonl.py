@@ -63,7 +63,10 @@ def jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
             continue
         record = _parse(path, n, line)
         if not isinstance(record, dict) or text_field not in record:
-            raise PlelabError(f"{path} line {n} has no field {text_field!r}; choose the text field with --text-field")
+            found = (f" (its fields: {', '.join(repr(k) for k in list(record)[:8])}"
+                     f"{', …' if len(record) > 8 else ''})" if isinstance(record, dict) and record else "")
+            raise PlelabError(f"{path} line {n} has no field {text_field!r}{found}; choose the text field with "
+                              "--text-field")
         text = record[text_field]
         if text is None:
             continue

@@ -1,0 +1,29 @@
+"""Messages that say what was meant: the closest config key, the fields a JSONL line does hold."""
+
+import json
+
+import pytest
+
+from plelab.config import resolve_config
+from plelab.data.sources import user_corpus
+from plelab.errors import ConfigError, PlelabError
+
+
+@pytest.mark.parametrize("given, meant", [("model.hiden_size=3", "model.hidden_size"), ("ple.dims=3", "ple.dim"),
+                                          ("hidden_size=64", "model.hidden_size"), ("train.step=5", "train.steps")])
+def test_an_unknown_key_names_the_closest(given, meant):
+    with pytest.raises(ConfigError, match=f"did you mean '{meant}'"):
+        resolve_config("cpu-tiny", [given])
+
+
+def test_nothing_close_suggests_nothing():
+    with pytest.raises(ConfigError) as err:
+        resolve_config("cpu-tiny", ["model.banana=3"])
+    assert "did you mean" not in str(err.value)
+
+
+def test_a_jsonl_line_without_the_text_field_lists_its_fields(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text(json.dumps({"body": "text", "id": 3}) + "\n")
+    with pytest.raises(PlelabError, match=r"has no field 'text' \(its fields: 'body', 'id'\)"):
+        list(user_corpus(path, "text").documents)
