@@ -1,4 +1,5 @@
-"""Messages that say what was meant: the closest config key, the fields a JSONL line does hold."""
+"""Messages that say what was meant: the closest config key, the fields a JSONL line does hold, a refit refused
+where it would rewrite an installed package."""
 
 import json
 
@@ -27,3 +28,13 @@ def test_a_jsonl_line_without_the_text_field_lists_its_fields(tmp_path):
     path.write_text(json.dumps({"body": "text", "id": 3}) + "\n")
     with pytest.raises(PlelabError, match=r"has no field 'text' \(its fields: 'body', 'id'\)"):
         list(user_corpus(path, "text").documents)
+
+
+def test_write_thresholds_refuses_an_installed_package(tmp_path, monkeypatch):
+    import plelab.calibration.commands as C
+
+    assert C.shipped_is_source()  # the test suite runs from a checkout: the refit is a reviewable change
+    monkeypatch.setattr(C, "shipped_is_source", lambda: False)
+    with pytest.raises(ConfigError, match="not a file of a plelab source checkout"):
+        C.calibrate(tmp_path / "c", write_thresholds=True)
+    assert not (tmp_path / "c").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import time
 from pathlib import Path
 
@@ -143,6 +144,18 @@ def planted_check(calls: list[Call]) -> dict | None:
             "configurations": sorted({c.regime + "/" + c.config for c in mine})}
 
 
+def shipped_is_source() -> bool:
+    """Whether the shipped ``calibration.json`` is a file git tracks in a plelab source checkout (where a refit is a
+    change to review and commit), not a copy inside an installed package."""
+    root = SHIPPED.resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "--error-unmatch",
+                              str(SHIPPED.resolve().relative_to(root))], capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return False
+    return out.returncode == 0
+
+
 def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: dict[str, str] | None = None,
               planted: bool = False, scales: list[str] | None = None, seeds: int | None = None,
               steps: int | None = None, dims: list[int] | None = None, write_thresholds: bool = False,
@@ -155,6 +168,10 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
                           "thresholds; drop --write-thresholds (or --quick)")
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    if write_thresholds and not shipped_is_source():
+        raise ConfigError(f"--write-thresholds rewrites {SHIPPED}, which is not a file of a plelab source checkout "
+                          "(an installed package): run it from a git clone of plelab, or drop it and read "
+                          "OUT/calibration.json")
     bench = Benchmark(**QUICK.to_dict()) if quick else Benchmark()
     if scales:
         bench.scales = list(scales)
