@@ -33,7 +33,6 @@ def test_a_jsonl_line_without_the_text_field_lists_its_fields(tmp_path):
 def test_write_thresholds_refuses_an_installed_package(tmp_path, monkeypatch):
     import plelab.calibration.commands as C
 
-    assert C.shipped_is_source()  # the test suite runs from a checkout: the refit is a reviewable change
     monkeypatch.setattr(C, "shipped_is_source", lambda: False)
     with pytest.raises(ConfigError, match="not a file of a plelab source checkout"):
         C.calibrate(tmp_path / "c", write_thresholds=True)
