@@ -12,6 +12,7 @@ from plelab.data.pipeline import ingest
 from plelab.data.streaming import NotReady
 from plelab.distributed import init_distributed, shutdown
 from plelab.errors import ConfigError
+from plelab.runs import check_budget
 
 
 def data_args(p: argparse.ArgumentParser) -> None:
@@ -42,6 +43,7 @@ def data_settings(args: argparse.Namespace) -> dict:
 def cmd_ingest(args: argparse.Namespace) -> int:
     settings = config_settings(args, **data_settings(args))
     cfg = resolve_run_config(args.preset, config=args.config, overrides=args.overrides, settings=settings)
+    check_budget(cfg, model=False)  # a vocabulary its BPE cannot reach, refused before the trainer aborts
     info = init_distributed(cfg.train.device)
     ok = False
     try:

@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from plelab.config.budget import check_run_budget, check_tokenizer_vocab
 from plelab.config.schema import RunConfig
+from plelab.data.pipeline import data_sources
 from plelab.diagnostics.live import LiveDiagnostics
 from plelab.distributed import init_distributed, shutdown
 from plelab.runtime import resolve_device
@@ -24,13 +26,32 @@ from plelab.training.task import Observer, Task, task_kind
 from plelab.training.trainer import Trainer, TrainResult
 
 
+def _trains_bpe(cfg: RunConfig) -> bool:
+    """Whether preparing ``cfg``'s data trains a BPE (text data without ``data.tokenizer``, not a visual run)."""
+    return (not cfg.visual.enabled and cfg.data.tokenizer is None
+            and any(src.kind != "tokens" for src, _ in data_sources(cfg.data)))
+
+
+def check_budget(cfg: RunConfig, model: bool = True) -> None:
+    """Refuse in one line, before any data or model is made, a run of ``cfg`` that cannot fit: a vocabulary its
+    BPE cannot reach, and (``model``) parameters and per-layer inputs beyond the memory that would hold them
+    (:mod:`plelab.config.budget`)."""
+    if model:
+        check_run_budget(cfg)
+    check_tokenizer_vocab(cfg, lambda: _trains_bpe(cfg))
+
+
 def prepare_data(cfg: RunConfig, progress: bool = True, dist=None):
-    """The data a run of ``cfg`` reads (token streams, or image–caption features and IDs), cached on disk."""
+    """The data a run of ``cfg`` reads (token streams, or image–caption features and IDs), cached on disk; a run
+    that cannot fit is refused first (:func:`check_budget`)."""
+    check_budget(cfg)
     return task_kind(cfg).prepare_data(cfg, progress=progress, dist=dist)
 
 
 def warm_caches(cfg: RunConfig) -> None:
-    """Fill the on-disk caches a run needs once, so that parallel workers do not each build them."""
+    """Fill the on-disk caches a run needs once, so that parallel workers do not each build them (a run that
+    cannot fit is refused first: :func:`check_budget`)."""
+    check_budget(cfg)
     task_kind(cfg).warm_caches(cfg)
 
 
@@ -61,6 +82,7 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, *, data=None, resum
     summary.json; ``resume`` continues it). ``data`` defaults to :func:`prepare_data`. Under torchrun every
     process calls it."""
     cfg.validate()
+    check_budget(cfg)
     dist = init_distributed(resolve_device(cfg.train.device).type)
     say = log if dist.is_main else (lambda *a, **k: None)
     ok = False
@@ -81,4 +103,5 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, *, data=None, resum
         shutdown(dist, ok)
 
 
-__all__ = ["default_observers", "describe_data", "make_task", "make_trainer", "prepare_data", "train", "warm_caches"]
+__all__ = ["check_budget", "default_observers", "describe_data", "make_task", "make_trainer", "prepare_data", "train",
+           "warm_caches"]

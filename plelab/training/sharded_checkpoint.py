@@ -21,6 +21,7 @@ like a single-file checkpoint. :func:`consolidate_folder` writes the single-file
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from plelab.config.budget import check_bytes, gigabytes
 from plelab.distributed import DistInfo, all_ranks_ok
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
@@ -161,6 +163,21 @@ def load_sharded_optimizer(model: torch.nn.Module, opt: torch.optim.Optimizer, c
     return {k: v for k, v in extra.items() if not k.endswith(".step") and not k.startswith("rng.")}
 
 
+def _check_claimed_sizes(ckpt: Path, meta: dict) -> None:
+    """Refuse, before anything is allocated, full tensor sizes the shards' metadata claims but their saved rows do
+    not cover (a row offset past the rows written), and a whole that does not fit in the host's memory."""
+    need = 0
+    for name, m in meta.items():
+        full, held = math.prod(m.size), sum(math.prod(c.sizes) for c in m.chunks)
+        claimed = full * m.properties.dtype.itemsize
+        if held < full:
+            raise PlelabError(f"checkpoint {ckpt}: the shards of {name} hold {held:,} of the {full:,} elements its "
+                              f"metadata claims (shape {list(m.size)}, {gigabytes(claimed)} to allocate); its "
+                              "offsets are damaged — consolidate an earlier checkpoint")
+        need += claimed
+    check_bytes(f"consolidating {ckpt}", need, "consolidate on a machine with more memory")
+
+
 def consolidate_folder(ckpt: Path) -> Path:
     """Write ``model.safetensors`` (the full weights, HF names) into a sharded checkpoint folder, in one process;
     the weights are read whole (host memory: the model's size). Returns the file; a second call rewrites it."""
@@ -173,6 +190,7 @@ def consolidate_folder(ckpt: Path) -> Path:
         raise PlelabError(f"checkpoint {ckpt} is torn: {reason}; consolidate an earlier one")
     folder = ckpt / SHARDED / "model"
     meta = HuggingFaceStorageReader(str(folder)).read_metadata().state_dict_metadata
+    _check_claimed_sizes(ckpt, meta)
     sd = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in meta.items()}
     _dcp_load(sd, folder)
     fmt = json.loads((ckpt / "state.json").read_text())["format"]
