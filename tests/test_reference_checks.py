@@ -9,7 +9,7 @@ import json
 import shutil
 
 import pytest
-from hf_models import tiny_host
+from hf_models import batch, tiny_host
 
 import plelab
 from plelab.cli import main
@@ -25,7 +25,8 @@ def runs(tmp_path_factory, tiny_data):
 
     def run(name, seed, *sets, steps=8, every=4):
         cfg = resolve_config("cpu-tiny", [f"train.checkpoint_every={every}", "train.keep_checkpoints=5",
-                                          "train.eval_every=4", "train.diag_every=0", *sets], seed=seed, steps=steps)
+                                          "train.eval_every=4", "train.diag_every=0", "train.precision=fp32", *sets],
+                             seed=seed, steps=steps)  # fp32 pinned: a module fixture runs outside the flags' mock
         train(cfg, root / name, data=tiny_data, progress=False, log=lambda *a: None)
         return root / name
 
@@ -98,7 +99,11 @@ def test_a_null_run_of_another_precision_is_refused_too(runs):
 
 def test_hf_folders_of_another_architecture_are_refused(tmp_path, capsys):
     for name, kind, seed in (("llama-0", "llama", 0), ("llama-1", "llama", 1), ("qwen3-1", "qwen3", 1)):
-        plelab.attach(tiny_host(kind), 8, seed=seed).save_pretrained(tmp_path / name)
+        model = plelab.attach(tiny_host(kind), 8, seed=seed, init="gemma")
+        opt = plelab.adamw(plelab.param_groups(model, lr=1e-2))
+        model(batch(), labels=batch()).loss.backward()  # one step: Δ from the recorded W_0 is not 0
+        opt.step()
+        model.save_pretrained(tmp_path / name)
     capsys.readouterr()
     assert main(["diagnose", str(tmp_path / "llama-0"), "--reference", str(tmp_path / "qwen3-1"),
                  "--no-progress"]) == 2

@@ -15,9 +15,10 @@ Tables with other rows (other token ids) are never compared.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
+from plelab.diagnostics.foreign import hf_config
+from plelab.diagnostics.monitor import ATTACH_CONFIG_KEY
 from plelab.diagnostics.tables import MONITOR_FILE, MONITOR_TABLE, TableSource, find_table
 from plelab.errors import PlelabError
 from plelab.model.loading import tensor_location
@@ -69,18 +70,6 @@ def at_step(path: str | Path, like: TableSource, what: str) -> tuple[TableSource
                    f"(it has steps {', '.join(map(str, steps))})")
 
 
-def _hf_config(source: TableSource) -> dict:
-    """The text part of the config.json beside a table plelab did not train ({} where there is none)."""
-    try:
-        cfg = json.loads((source.file.parent / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(cfg, dict):
-        return {}
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    return {**text, "model_type": text.get("model_type") or cfg.get("model_type")}
-
-
 def describe(source: TableSource) -> dict[str, object]:
     """What a table's run must share with a second seed, ``{name: value}`` (None: not known for this kind)."""
     shape = [source.rows, source.num_layers, source.dim]
@@ -96,10 +85,11 @@ def describe(source: TableSource) -> dict[str, object]:
     if source.monitor is not None:
         return {"hidden size": source.monitor.get("hidden_size"), "table shape": shape,
                 "table dtype": source.monitor.get("table_dtype")}
-    text = _hf_config(source)
-    attached = text.get("plelab_ple") if isinstance(text.get("plelab_ple"), dict) else {}
+    text = hf_config(source)
+    attached = text.get(ATTACH_CONFIG_KEY) if isinstance(text.get(ATTACH_CONFIG_KEY), dict) else {}
     dtype = str(tensor_location(source.file, source.key)[1]).removeprefix("torch.")
-    return {"model type": text.get("model_type"), "hidden size": text.get("hidden_size"),
+    kind = attached.get("host_model_type") or text.get("model_type")  # an attached folder's host, not its wrapper
+    return {"model type": kind, "hidden size": text.get("hidden_size"),
             "layers": text.get("num_hidden_layers"), "vocab": text.get("vocab_size"), "table shape": shape,
             "table dtype": dtype, "seed": attached.get("seed")}
 
