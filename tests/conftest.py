@@ -12,8 +12,12 @@ from plelab.config import resolve_config
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
+    import plelab.precision
+
     mp = pytest.MonkeyPatch()
     mp.setenv("PLELAB_CACHE", str(tmp_path_factory.mktemp("plelab-cache")))
+    # as _no_bf16_flags below, for the module- and session-scoped fixtures too (they are set up before it)
+    mp.setattr(plelab.precision, "cpu_bf16_flags", lambda: ())
     torch.set_flush_denormal(True)
     yield
     mp.undo()
