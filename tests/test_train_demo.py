@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -99,6 +100,7 @@ def test_train_command_on_user_text(tmp_path, capsys):
                  "--no-progress", "--set", "train.seq_len=32"]) == 0
     printed = capsys.readouterr().out
     assert "validation unigram entropy" in printed and "final validation loss" in printed
+    assert re.search(r"unigram entropy \d+\.\d{3} \(\d+\.\d{3} (below|above) it\)", printed)  # no signed "below"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["data"]["path"] == str(text)
     assert summary["val_unigram_entropy"] > 0 and summary["steps"] == 12

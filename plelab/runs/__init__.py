@@ -95,8 +95,9 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, *, data=None, resum
         result = trainer.fit()
         if result.val_history:
             where = f"; run in {out_dir}" if out_dir is not None else ""
+            gap = entropy - result.final_val_loss
             say(f"final validation loss {result.final_val_loss:.4f} nats; unigram entropy {entropy:.3f} "
-                f"({entropy - result.final_val_loss:+.3f} below it){where}")
+                f"({abs(gap):.3f} {'below' if gap >= 0 else 'above'} it){where}")
         ok = True
         return result
     finally:
