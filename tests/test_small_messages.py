@@ -37,3 +37,14 @@ def test_write_thresholds_refuses_an_installed_package(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="not a file of a plelab source checkout"):
         C.calibrate(tmp_path / "c", write_thresholds=True)
     assert not (tmp_path / "c").exists()
+
+
+def test_params_refuses_a_seed_it_would_ignore(capsys):
+    from plelab.cli import main
+
+    try:
+        rc = main(["params", "--preset", "cpu-tiny", "--seed", "3"])
+    except SystemExit as exit_:
+        rc = exit_.code
+    assert rc == 2 and "unrecognized arguments: --seed 3" in capsys.readouterr().err
+    assert main(["params", "--preset", "cpu-tiny", "--dp", "0,8"]) == 0

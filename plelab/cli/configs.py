@@ -54,7 +54,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("params", help="exact parameter accounting and FLOPs over dP values")
-    config_args(p)
+    config_args(p, seed=False)  # counts and FLOPs do not depend on the seed: --seed would be accepted without effect
     p.add_argument("--dp", type=dp_list, help="comma-separated dP values, e.g. 0,64,128,256,512 (default: the "
                                               "preset's)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
