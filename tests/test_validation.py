@@ -128,5 +128,10 @@ def test_what_the_plan_refuses(validated, corpus, tmp_path, monkeypatch, capsys)
     assert "fixed by the validation's plan" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "n"), "--preregister", "--no-run", "--corpus", f"x={corpus}"]) == 2
     assert "never runs anything" in capsys.readouterr().err
+    monkeypatch.setattr(V, "git_commit", lambda: COMMIT)
+    for bad in ("/no/such/calibration.json", str(corpus)):  # missing, and not JSON: one line, no traceback
+        assert main(["validate", str(tmp_path / "m"), "--preregister", "--corpus", f"x={corpus}", "--calibration",
+                     bad]) == 2
+        assert "not a readable calibration.json" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "n"), "--preregister", "--corpus", "x=/no/such.txt"]) == 2
     assert "no such file" in capsys.readouterr().err

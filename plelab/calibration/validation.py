@@ -117,9 +117,14 @@ def _sha(body: dict) -> str:
 
 
 def _frozen_thresholds(calibration: Path) -> dict:
-    raw = calibration.read_bytes()
-    cal = json.loads(raw)
-    rule = cal.get("threshold_rule") or {}
+    try:
+        raw = calibration.read_bytes()
+        cal = json.loads(raw)
+        rule = cal.get("threshold_rule") or {}
+        cal["thresholds"]
+    except (OSError, ValueError, AttributeError, KeyError, TypeError) as err:
+        raise PlelabError(f"--calibration {calibration}: not a readable calibration.json ({type(err).__name__}); give "
+                          "the file plelab calibrate wrote (OUT/calibration.json) or the shipped one") from None
     if rule.get("unit") != "configuration":
         raise PlelabError(f"{calibration} counted calls (fitted before rates were counted by configuration): refit it "
                           "first (plelab calibrate … --write-thresholds), then preregister the validation against it")
