@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "Observer": "plelab.training.task", "TextTask": "plelab.training.text_task",
     # PLE and its diagnostics in your own model and loop
     "attach": "plelab.integrations.hf", "load_attached": "plelab.integrations.hf",
+    "load_host_run": "plelab.integrations.hosts",
     "param_groups": "plelab.training.optim", "adamw": "plelab.training.optim", "Monitor": "plelab.diagnostics.monitor",
     "PLEModules": "plelab.model.ple", "load_hf_weights": "plelab.model.hf_weights", "PlelabError": "plelab.errors",
     # out of plelab: HF folders and text
@@ -51,8 +52,8 @@ _EXPORTS: dict[str, str] = {
     "generate": "plelab.model.generate", "KVCache": "plelab.model.generate",
     "consolidate_checkpoint": "plelab.training.checkpoint",
 }
-# packages that register kinds of run (and their studies) when imported: loaded before any verb is returned
-_PLUGINS = ("plelab.visual",)
+# packages that register kinds of run (and their studies) and trunks when imported: loaded before any verb is returned
+_PLUGINS = ("plelab.visual", "plelab.integrations.hosts")
 # plelab's model for transformers' Auto classes: registered when transformers is imported (see the module doc)
 _HF_REGISTRATION = ("plelab.integrations.hf_model", "plelab.integrations.hf_attached")
 

@@ -87,6 +87,21 @@ def add_set(p: argparse.ArgumentParser, what: str = "any config field") -> None:
                    help=f"override {what}, e.g. --set model.hidden_size=128 (repeatable)")
 
 
+def trunk_args(p: argparse.ArgumentParser) -> None:
+    """``--hf-config`` / ``--model``: the trunk PLE is added to, when it is not plelab's decoder
+    (:mod:`plelab.training.hosts`)."""
+    p.add_argument("--hf-config", metavar="PATH",
+                   help="train an HF decoder built by transformers from this config.json (or its folder), PLE "
+                        "attached per run (model.hf_config)")
+    p.add_argument("--model", metavar="MODULE:FUNCTION", help="train your own PyTorch model: FUNCTION(cfg) builds it "
+                                                              "per run (model.factory; the protocol: docs)")
+
+
+def trunk_settings(args: argparse.Namespace) -> dict:
+    """The config keys ``--hf-config`` / ``--model`` set (``None``: not given)."""
+    return {"model.hf_config": getattr(args, "hf_config", None), "model.factory": getattr(args, "model", None)}
+
+
 def config_settings(args: argparse.Namespace, **more) -> dict:
     """The config keys the shared flags set (``None``: not given), plus ``more``."""
     return {"ple.gate": getattr(args, "gate", None), "seed": getattr(args, "seed", None), **more}

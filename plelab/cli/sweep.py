@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from plelab.cli.common import add_set, config_args, dp_list, dp_value, float_list, int_list, one_int
+from plelab.cli.common import (add_set, config_args, dp_list, dp_value, float_list, int_list, one_int, trunk_args,
+                               trunk_settings)
 from plelab.config import config_file_overrides, read_config_file
 from plelab.config.paths import absolute, path_keys, portable_mapping, portable_override, portable_overrides
 from plelab.demo import PROFILES, run_demo
@@ -15,8 +16,8 @@ from plelab.io import json_safe, write_json
 from plelab.reports import report
 from plelab.sweeps.advise import advise
 from plelab.sweeps.commands import DEFAULT_PRESET, lr_search, options_of, pack, preregister_sweep, sweep
-from plelab.sweeps.lr_search import CHOICE_FILE, DEFAULT_MULTS, DEFAULT_SEEDS, choice_text
 from plelab.sweeps.ladder import GPU_BF16_PEAK, Assumptions, ladder, ladder_text
+from plelab.sweeps.lr_search import CHOICE_FILE, DEFAULT_MULTS, DEFAULT_SEEDS, choice_text
 from plelab.sweeps.planning import FAMILIES, plan, plan_text
 from plelab.sweeps.runner import say
 from plelab.sweeps.scaling_runs import fit_runs, fit_text
@@ -47,7 +48,8 @@ def portable_options(args: argparse.Namespace) -> dict:
                                                            ("tokenizer", getattr(args, "tokenizer", None))) if value]
     if data_keys and not typed["data"]:
         raise ConfigError("--text-field and --tokenizer describe the text --data gives; add --data PATH or drop them")
-    typed["overrides"] = [*(typed["overrides"] or []), *data_keys]
+    trunk = [f"{key}={value}" for key, value in trunk_settings(args).items() if value]
+    typed["overrides"] = [*(typed["overrides"] or []), *data_keys, *trunk]
     options = {**typed, "data": absolute(typed["data"]) if typed["data"] else typed["data"],
                "overrides": portable_overrides(typed["overrides"] or []),
                "variants": [(name, portable_overrides(extra)) for name, extra in typed["variants"] or []]}
@@ -193,6 +195,7 @@ def study_args(p) -> None:
     p.add_argument("--text-field", help="with --data: the JSONL field / Parquet column holding the text (default "
                                         "'text', as for plelab train)")
     p.add_argument("--tokenizer", help="with --data: its tokenizer.json, or a folder holding one (as for plelab train)")
+    trunk_args(p)
     p.add_argument("--delta", type=float,
                    help="smallest effect of interest δ in nats for the equivalence tests (default 0.005: below the "
                         "seed's dP 0→64 gain of 0.006); fixed in the sweep's analysis plan when it is created")

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from plelab.cli.common import config_args, config_settings, dp_value
+from plelab.cli.common import config_args, config_settings, dp_value, trunk_args, trunk_settings
 from plelab.cli.data import data_args, data_settings
 from plelab.config import resolve_run_config
 from plelab.errors import ConfigError, PlelabError
@@ -36,7 +36,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     saved = out / "config.json"
     settings = config_settings(args, **{
         "ple.dim": args.dp, "train.steps": args.steps, "train.table_device": args.ple_table_device,
-        "train.table_optimizer": args.table_optimizer, **data_settings(args)})
+        "train.table_optimizer": args.table_optimizer, **data_settings(args), **trunk_settings(args)})
     cfg = resolve_run_config(args.preset, saved=saved if args.resume and saved.exists() else None,
                              config=args.config, overrides=args.overrides, settings=settings)
     train(cfg, args.out, resume=args.resume, progress=not args.no_progress)
@@ -89,6 +89,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", required=True, help="run folder to create (or to continue with --resume)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     data_args(p)
+    trunk_args(p)
     p.add_argument("--ple-table-device", choices=("auto", "cpu"),
                    help="cpu: keep the per-layer table and its optimizer state in host memory (train.table_device)")
     p.add_argument("--table-optimizer", choices=("adamw", "row-sparse"),

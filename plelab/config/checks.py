@@ -11,6 +11,7 @@ _RESUME, _ADVISE, _DATA = tags("resume"), tags("advise"), tags("sweep_data")
 _RESUME_ADVISE = tags("resume", "advise")
 # A file-system path (a list: PATH:WEIGHT entries), made absolute when a run is created (plelab.config.paths).
 _ADVISE_PATH = tags("advise", "path")
+_PATH = tags("path")
 
 
 def _require(cond: bool, key: str, value: object, allowed: str) -> None:

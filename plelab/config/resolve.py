@@ -10,7 +10,9 @@ Order (each step overrides the one before):
    ``--data`` is ``data.path``, ...); ``None`` means not given;
 5. the path-like keys made absolute against the current directory (:mod:`plelab.config.paths`: a run's
    ``config.json`` then works from any directory);
-6. :meth:`RunConfig.validate`, once.
+6. on an HF trunk (``model.hf_config``), the trunk fields read from its config.json (:mod:`plelab.config.hf_trunk`;
+   one set by the user to another value is refused);
+7. :meth:`RunConfig.validate`, once.
 
 A config file and ``--preset`` must agree when the file names a preset (the file's preset is its
 base: anything else could not be honoured); when resuming, both must name the run's own preset.
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from plelab.config.files import read_config_file
+from plelab.config.hf_trunk import sync_hf_trunk
 from plelab.config.overrides import all_keys, apply_overrides, as_override, get_value, load_dict, set_value
 from plelab.config.paths import portable
 from plelab.config.presets import get_preset
@@ -88,11 +91,24 @@ def resolve_run_config(preset: str | None = None, *, saved: str | os.PathLike | 
     module docstring for the order. Every error is a one-line :class:`ConfigError`."""
     file, source = _file(config)
     cfg = _base(preset, file, source, default_preset, saved)
+    overrides = list(overrides)
     apply_overrides(cfg, overrides)
     for key, value in (settings or {}).items():
         if value is not None:
             set_value(cfg, key, value)
-    return portable(cfg).validate()
+    cfg = portable(cfg)
+    sync_hf_trunk(cfg, _explicit_keys(file, overrides, settings))
+    return cfg.validate()
+
+
+def _explicit_keys(file: Mapping | None, overrides: Iterable[str], settings: Mapping[str, Any] | None) -> set[str]:
+    """The config keys a user set: the file's (``section.key``), the overrides' and the given flags'."""
+    keys = {text.partition("=")[0].strip() for text in overrides}
+    keys |= {key for key, value in (settings or {}).items() if value is not None}
+    for section, values in (file or {}).items():
+        if isinstance(values, Mapping):
+            keys |= {f"{section}.{key}" for key in values}
+    return keys
 
 
 def resolve_config(preset: str | None = "cpu-tiny", overrides: Iterable[str] | None = None, *,

@@ -20,7 +20,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from plelab.config.checks import _ADVISE, _ADVISE_PATH, _DATA, _RESUME, _RESUME_ADVISE, _require, _require_choice
+from plelab.config.checks import (_ADVISE, _ADVISE_PATH, _DATA, _PATH, _RESUME, _RESUME_ADVISE, _require,
+                                  _require_choice)
 from plelab.config.overrides import load_dict
 from plelab.config.visual_schema import QUANTIZER_IDS, VISUAL_IDS, Injection, QuantizerIds, VisualConfig, VisualIds
 from plelab.errors import ConfigError
@@ -35,6 +36,11 @@ Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
 EmbeddedCorpus = Literal["stdlib", "packages"]
 GATE_KINDS: tuple[str, ...] = get_args(GateKind)
+
+
+def _is_factory(text: str) -> bool:
+    module, sep, function = text.partition(":")
+    return bool(sep) and all(part.isidentifier() for part in module.split(".")) and function.isidentifier()
 
 
 
@@ -60,6 +66,11 @@ class ModelConfig:
     scale_embeddings: bool = True
     # HF `_init_weights`: normal(0, initializer_range) for Linear/Embedding, ones for norms.
     initializer_range: float = 0.02
+    # The trunk PLE is added to, when it is not this Llama-style decoder (plelab.training.hosts): an HF decoder
+    # built by transformers from this config.json (PLE attached as plelab.attach does; the trunk fields above are
+    # read from it), or "module:function" — your own PyTorch model, built per run by function(cfg).
+    hf_config: str | None = field(default=None, metadata=_PATH)
+    factory: str | None = None
 
     @property
     def resolved_head_dim(self) -> int:
@@ -83,6 +94,17 @@ class ModelConfig:
         _require(self.rope_theta > 0, "model.rope_theta", self.rope_theta, "a number > 0")
         _require(self.rms_norm_eps > 0, "model.rms_norm_eps", self.rms_norm_eps, "a number > 0")
         _require(self.initializer_range > 0, "model.initializer_range", self.initializer_range, "a number > 0")
+        _require(not (self.hf_config and self.factory), "model.factory", self.factory,
+                 "none when model.hf_config is set (one trunk: an HF config or your factory)")
+        _require(self.factory is None or _is_factory(self.factory), "model.factory", self.factory,
+                 "MODULE:FUNCTION, e.g. mymodels.gpt:build (the module importable from PYTHONPATH)")
+        _require(self.hf_config is None or bool(self.hf_config), "model.hf_config", self.hf_config,
+                 "the path of an HF config.json (or the folder holding it), or none")
+
+    @property
+    def host(self) -> str:
+        """The trunk's kind: ``plelab`` (this decoder), ``hf`` (``hf_config``) or ``factory``."""
+        return "hf" if self.hf_config else "factory" if self.factory else "plelab"
 
 
 @dataclass

@@ -46,6 +46,7 @@ from plelab.errors import PlelabError
 from plelab.model.init import build_model
 from plelab.model.ple import IIDTableIds
 from plelab.training.checkpoint import load_model_weights, read_state
+from plelab.training.hosts import get_host, host_logits
 from plelab.training.optim import lr_multiplier, table_lr
 from plelab.training.rows import row_counts, rows_of, token_rows
 
@@ -210,7 +211,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         report = foreign_report(report, source, reference, init, reference_init, foreign_use)
         hidden = hf_config(source).get("hidden_size")  # the range check's H, where config.json gives it
         report["reliability"] = verdict_reliability(hidden if isinstance(hidden, int) else None, source.rows, dP, None,
-                                                    None, layers=L)
+                                                    None, layers=L, trunk="a foreign checkpoint")
         return report
 
     run = table_of(source)
@@ -253,16 +254,20 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     if use and run.cfg is None:
         use_table = _monitored_use(run, report)
     elif use:
-        model = build_model(run.cfg.model, run.cfg.ple, seed=run.cfg.seed)
+        host = get_host(run.cfg)  # None: plelab's decoder
+        model = (build_model(run.cfg.model, run.cfg.ple, seed=run.cfg.seed) if host is None
+                 else host.build(run.cfg, "cpu"))
         load_model_weights(model, source.checkpoint)
         iid = (IIDTableIds(torch.from_numpy(row_counts(run.cfg, run.data))) if run.cfg.ple.ids == "iid"
                else None)
         win = data_val_windows(run.data, run.cfg.train.seq_len, windows)
         base, results = use_metrics(model, win, initial_table(run.cfg), run.counts, batch=16,
-                                    device=torch.device("cpu"), per_layer=True, seed=run.cfg.seed, iid=iid)
+                                    device=torch.device("cpu"), per_layer=True, seed=run.cfg.seed, iid=iid,
+                                    logits_of=None if host is None else host_logits)
         report["base_val_loss"] = base
         train_win = val_windows(run.data.train, run.cfg.train.seq_len, 4 * windows)
-        report["predictiveness"] = id_information(model, train_win, win, seed=run.cfg.seed, iid=iid)
+        if host is None:  # the probe reads plelab's decoder's hidden states and head
+            report["predictiveness"] = id_information(model, train_win, win, seed=run.cfg.seed, iid=iid)
         use_table = {r.kind: r.to_dict() for r in results if r.layer is None}
         for r in results:
             if r.layer is not None:
@@ -286,5 +291,14 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
                                           extra=extra, fraction=fraction).to_dict()}
     report["reliability"] = verdict_reliability(cfg.model.hidden_size if cfg is not None else run.hidden_size,
                                                 source.rows, dP, fraction, float(run.counts.sum()) / source.rows,
-                                                windows=perm and perm.get("windows"), layers=L)
+                                                windows=perm and perm.get("windows"), layers=L,
+                                                trunk=_trunk(cfg))
     return report
+
+
+def _trunk(cfg: RunConfig | None) -> str:
+    """The trunk a run's table sits in, for the range check (a monitored run's is the user's model)."""
+    if cfg is None:
+        return "a monitored model (attach or your own decoder)"
+    return {"plelab": "plelab", "hf": f"the HF trunk {cfg.model.hf_config}",
+            "factory": f"your model {cfg.model.factory}"}[cfg.model.host]

@@ -18,7 +18,6 @@ from plelab.diagnostics.usage import use_metrics
 from plelab.diagnostics.verdict import use_verdict
 from plelab.model.init import initial_normal, table_init_std
 from plelab.model.ple import TABLE_KEY, IIDTableIds, PLEModules
-from plelab.model.transformer import PLECausalLM
 from plelab.training.task import Observer
 
 
@@ -63,7 +62,8 @@ class LiveDiagnostics(Observer):
             return None  # the table is sharded: no rank holds it whole
         return checkpoint_diagnostics(self.lm, self.cfg, counts["text"].numpy(), table_alpha,
                                       self.task.diag_windows(), self.env.device, self.task.iid,
-                                      fraction=step / self.cfg.train.steps)
+                                      fraction=step / self.cfg.train.steps,
+                                      logits_of=getattr(self.task, "logits_of", None))
 
 
 def initial_table(cfg: RunConfig) -> torch.Tensor:
@@ -75,11 +75,11 @@ def initial_table(cfg: RunConfig) -> torch.Tensor:
 
 
 @torch.no_grad()
-def checkpoint_diagnostics(model: PLECausalLM, cfg: RunConfig, counts: np.ndarray, alpha: float,
+def checkpoint_diagnostics(model: nn.Module, cfg: RunConfig, counts: np.ndarray, alpha: float,
                            windows: torch.Tensor | None, device: torch.device, iid: IIDTableIds | None = None,
-                           fraction: float | None = None) -> dict:
+                           fraction: float | None = None, logits_of: Callable | None = None) -> dict:
     """:func:`table_diagnostics` of a plelab run (W_0 regenerated from its seed; ``iid``: the null control's id
-    frequencies, for its evaluations).
+    frequencies, for its evaluations; ``logits_of``: a host trunk's, :func:`table_diagnostics`).
 
     A frozen table has Δ = 0 (structure skipped, the use test still asks whether the model relies on
     its random rows); a zeroed table has neither.
@@ -87,7 +87,7 @@ def checkpoint_diagnostics(model: PLECausalLM, cfg: RunConfig, counts: np.ndarra
     if cfg.ple.table == "zero":
         return {"rows_used": int((counts > 0).sum()), "layers": [], "skipped": "ple.table=zero: no table signal"}
     return table_diagnostics(model, initial_table(cfg), counts, alpha, windows, device, seed=cfg.seed, iid=iid,
-                             structure=cfg.ple.table == "learned", fraction=fraction)
+                             structure=cfg.ple.table == "learned", fraction=fraction, logits_of=logits_of)
 
 
 @torch.no_grad()

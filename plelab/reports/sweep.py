@@ -206,10 +206,12 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path], plan
     base_cfg = res.configs[spec.baseline]
     m, t = base_cfg["model"], base_cfg["train"]
     out: list[tuple] = [("h1", f"plelab dP study — {res.root.name}")]
-    out.append(("p", f"Preset {spec.preset} (H={m['hidden_size']}, L={m['num_hidden_layers']}, V={m['vocab_size']}, "
-                     f"{reg['base_params']:,} base parameters), {t['steps']} steps × {t['batch_size']} × "
-                     f"{t['seq_len']} tokens per run ({reg['tokens']:,} tokens), seeds {spec.seeds}, paired: every "
-                     f"arm of a seed has the same data order and initial trunk. A run's loss is the mean of its last "
+    trunk = (f", the HF trunk {m['hf_config']}" if m.get("hf_config") else f", your model {m['factory']}"
+             if m.get("factory") else "")
+    out.append(("p", f"Preset {spec.preset}{trunk} (H={m['hidden_size']}, L={m['num_hidden_layers']}, "
+                     f"V={m['vocab_size']}, {reg['base_params']:,} base parameters), {t['steps']} steps × "
+                     f"{t['batch_size']} × {t['seq_len']} tokens per run ({reg['tokens']:,} tokens), seeds "
+                     f"{spec.seeds}, paired: every arm of a seed has the same data order and initial trunk. A run's loss is the mean of its last "
                      f"{spec.last_k} validation evaluations; δ = {spec.delta} nats "
                      f"({delta_origin(spec, plan, declared_delta)}); α = {spec.alpha} family-wise. {ci_note(analysis)}"
                      "The labels use family-adjusted p-values (see Design and methods), so a per-comparison CI that "

@@ -20,6 +20,7 @@ from plelab.config.schema import RunConfig
 from plelab.data.pipeline import data_sources
 from plelab.diagnostics.live import LiveDiagnostics
 from plelab.distributed import init_distributed, shutdown
+from plelab.integrations import hosts  # noqa: F401  (registers the HF and factory trunks)
 from plelab.runtime import resolve_device
 from plelab.training import text_task  # noqa: F401  (registers the text kind)
 from plelab.training.task import Observer, Task, task_kind

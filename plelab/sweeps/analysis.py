@@ -73,7 +73,15 @@ def calibrated_range(res: SweepResults, arm: str, fraction: float = 1.0) -> dict
     tokens = fraction * sum(r.tokens_seen for r in runs.values()) / len(runs)
     windows = cfg["train"].get("diag_windows") or None
     return range_status(hidden_size=model["hidden_size"], layers=model["num_hidden_layers"], rows=rows,
-                        dim=ple["dim"], tokens_per_row=tokens / rows, windows=windows, fraction=fraction).to_dict()
+                        dim=ple["dim"], tokens_per_row=tokens / rows, windows=windows, fraction=fraction,
+                        trunk=_trunk(model)).to_dict()
+
+
+def _trunk(model: dict) -> str:
+    """The range check's trunk of an arm's ``model`` config section."""
+    if model.get("hf_config"):
+        return f"the HF trunk {model['hf_config']}"
+    return f"your model {model['factory']}" if model.get("factory") else "plelab"
 
 
 def arm_rows(res: SweepResults, vs_base: dict[str, stats.Comparison]) -> list[dict]:

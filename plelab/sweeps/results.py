@@ -20,6 +20,7 @@ from plelab.diagnostics.agreement import cka_against_null
 from plelab.diagnostics.diagnose import RunTable
 from plelab.diagnostics.tables import find_table
 from plelab.errors import PlelabError
+from plelab.integrations.hosts import host_accounting
 from plelab.model.accounting import account
 from plelab.sweeps.records import checkpoint_diagnostics, checkpoint_row_counts, read_jsonl, read_record, record_path
 from plelab.sweeps.runner import RunJob, data_key, folder_done, jobs_of, run_config, run_state
@@ -257,7 +258,8 @@ def collect(root: str | Path, structure: bool = True) -> SweepResults:
             runs[arm.name] = runs[arm.alias_of]
         cfg = run_config(spec, arm, spec.seeds[0])
         configs[arm.name] = cfg.to_dict()
-        accounting[arm.name] = account(cfg.model, cfg.ple, cfg.train.seq_len).to_dict()
+        accounting[arm.name] = (account(cfg.model, cfg.ple, cfg.train.seq_len).to_dict() if cfg.model.host == "plelab"
+                                else host_accounting(cfg))
     if not runs.get(spec.baseline):
         raise PlelabError(f"{root}: the baseline {spec.baseline} has no finished run yet, and every comparison is "
                           f"paired with it; rerun the sweep to finish its runs ({len(missing)} unfinished)")

@@ -62,6 +62,10 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu",
     cfg = RunConfig.from_dict(read_state(ckpt, for_resume=False)["config"])
     if cfg.visual.enabled:
         raise PlelabError(f"{ckpt} is a visual run; load_for_eval reads text models")
+    if cfg.model.host != "plelab":
+        raise PlelabError(f"{ckpt} was trained on a model.{'hf_config' if cfg.model.host == 'hf' else 'factory'} "
+                          "trunk: eval, export and generate read plelab's own decoder — load it with "
+                          "plelab.load_host_run(path) (plelab diagnose reads it as it is)")
     with torch.device("meta"):
         model = PLECausalLM(cfg.model, cfg.ple)
     tm = model.model

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from plelab.config.schema import RunConfig
@@ -23,6 +24,7 @@ from plelab.model.init import build_model
 from plelab.model.losses import window_losses
 from plelab.model.ple import IIDTableIds, token_table_ids
 from plelab.runtime import seeded_generator
+from plelab.training.hosts import check_host_options, get_host, host_logits
 from plelab.training.optim import optimizer_groups
 from plelab.training.rows import row_counts, token_rows
 from plelab.training.task import Batch, RunEnv, Task, TaskKind, register_task_kind
@@ -41,6 +43,10 @@ class TextTask(Task):
         self.row_tables = {"text": (self.table_rows, TEXT_ROWS_KEY)} if self.table_rows else {}
         self.iid: IIDTableIds | None = None
         self.token_rows = token_rows(cfg, data) if self.table_rows else None  # ple.vocab_remap=frequency
+        check_host_options(cfg)
+        self.host = get_host(cfg)  # None: plelab's decoder
+        #: the logits in the model's forward output (a host trunk's; plelab's decoder is scored through its head)
+        self.logits_of = host_logits if self.host is not None else None
 
     def bind(self, env: RunEnv) -> None:
         super().bind(env)
@@ -52,6 +58,8 @@ class TextTask(Task):
     def build_model(self, table_device: str | None, table_sparse: bool,
                     shard: Callable[[nn.Module], None] | None = None) -> nn.Module:
         c = self.cfg
+        if self.host is not None:  # its options were checked against the host (check_host_options)
+            return self.host.build(c, self.env.device)
         return build_model(c.model, c.ple, seed=c.seed, device=self.env.device, table_device=table_device,
                            table_sparse=table_sparse, shard=shard,
                            activation_checkpointing=c.train.activation_checkpointing,
@@ -75,13 +83,18 @@ class TextTask(Task):
                      {"text": ids} if ids is not None else {})
 
     def loss(self, forward: Callable, batch: Batch) -> torch.Tensor:
+        if self.host is not None:  # mean next-token CE on the host's logits, in fp32
+            ids = batch.inputs["table_ids"] if self.iid is not None else None
+            logits = host_logits(forward(batch.inputs["input_ids"], **({} if ids is None else {"table_ids": ids})))
+            return F.cross_entropy(logits.float().flatten(0, 1), batch.inputs["targets"].flatten())
         return forward(batch.inputs["input_ids"], targets=batch.inputs["targets"],
                        table_ids=batch.inputs["table_ids"], return_logits=False).loss
 
     def evaluate(self, model: nn.Module, step: int) -> float:
         """Mean next-token CE (nats) over the fixed validation windows (every rank runs all of them)."""
         with self.env.autocast():
-            return float(window_losses(model, self.val, self.env.micro_batch, self.env.device, self.iid).mean())
+            return float(window_losses(model, self.val, self.env.micro_batch, self.env.device, self.iid,
+                                       self.logits_of).mean())
 
     def epochs(self, steps: int) -> float:
         return self.sampler.epochs(steps, self.cfg.train.batch_size)
