@@ -13,7 +13,7 @@ from plelab.model.accounting import (
     param_groups,
 )
 
-# The seed's table (seed 000), exact integers (ple_reference.md §2.2).
+# The seed's table (seed 000), exact integers (docs/ple.md §2.2).
 SEED_ADDED = {64: 220_807_232, 128: 441_532_544, 256: 882_983_168, 512: 1_765_884_416}
 SEED_PCT = {64: "8.98", 128: "17.96", 256: "35.92", 512: "71.83"}
 

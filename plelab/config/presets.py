@@ -2,7 +2,7 @@
 
 - ``seed-3b``: the seeds' 3B model (H=2560, L=32, 20Q/4KV, head_dim 128, FFN 6912,
   V=100,096, tied, no biases, 2 RMSNorms per layer + final). Reproduces the seed's
-  2,458,421,760 base parameters (``ple_reference.md`` §2.3).
+  2,458,421,760 base parameters (``docs/ple.md`` §2.3).
 - ``gemma3n-e2b`` / ``gemma3n-e4b``: Gemma 3n's PLE dimensions (Vp=262,144, dP=256,
   H=2048, L=30 / 35) on plelab's plain trunk. The PLE counts are Gemma 3n's exactly; the
   trunk has no AltUp / LAuReL / KV sharing, so its count is not Gemma 3n's total.

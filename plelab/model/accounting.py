@@ -6,7 +6,7 @@ Three views of one model, cross-checked against each other:
   optimizer's parameter groups are built from it, and counts are summed over it.
 - ``closed_form_counts(mc, pc)``: the same group counts from formulas alone, including the
   seed's PLE formulas: table ``Vp·L·dP``; model-level ``H·L·dP + dP``; per-layer
-  ``(2·H·dP + H)·L`` (``ple_reference.md`` §2.1).
+  ``(2·H·dP + H)·L`` (``docs/ple.md`` §2.1).
 - ``flops_per_token``: training FLOPs per token, ``6·N_matmul + 12·L·n_heads·head_dim·T``
   (PaLM appendix B / torchtitan / nanochat convention). Table lookups are not matmuls and
   are excluded; the tied LM head is a matmul and is included.

@@ -1,6 +1,6 @@
 """The PLE mechanism as two modules built from plain numbers, for plelab's model and for yours.
 
-Equations (``ple_reference.md`` §1.2 and §1.4; Gemma 4 ``Gemma4TextModel`` plain form):
+Equations (``docs/ple.md`` §1.2 and §1.4; Gemma 4 ``Gemma4TextModel`` plain form):
 
     PerLayerEmbedding   e [B,T,H], table ids [B,T]  ->  P [B,T,L,dP]
         z = s · T[ids]                  → [B,T,L,dP]    embed_tokens_per_layer  (s = sqrt(dP), Gemma)

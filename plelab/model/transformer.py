@@ -1,6 +1,6 @@
 """The PLE transformer: a decoder-only trunk with optional Per-Layer Embeddings.
 
-Equations (``ple_reference.md`` §1.2 and §1.4; Gemma 4 ``Gemma4TextModel`` plain form):
+Equations (``docs/ple.md`` §1.2 and §1.4; Gemma 4 ``Gemma4TextModel`` plain form):
 
     e      = sqrt(H) · E[x]                                        # embed_tokens          [B,T,H]
     z      = sqrt(dP) · T[r(x)]  → [B,T,L,dP]   # embed_tokens_per_layer (ple.embed_scale); r(x) = x if x < Vp

@@ -1,7 +1,7 @@
 """The multimodal PLE model: frozen patch features → projector → an image prefix of P positions,
 then the caption's word tokens, through the plelab LM (causal over the whole sequence).
 
-Per-layer inputs (``ple_reference.md`` §1.2 with the token part replaced per position):
+Per-layer inputs (``docs/ple.md`` §1.2 with the token part replaced per position):
 
     image position p:  z = sqrt(dP) · V[id_p]   (the visual per-layer table, [K, L·dP], keyed by the
                                                 patch's visual ID; zeros when there is no visual table)
