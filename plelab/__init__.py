@@ -1,6 +1,6 @@
 """plelab: a lab for Per-Layer Embeddings (PLE) in transformer language models.
 
-The documented surface (``README.md``, "In Python"): configs and presets, the model and its PLE modules,
+The documented surface (``docs/python-api.md``): configs and presets, the model and its PLE modules,
 and one function per CLI verb. Names are imported on first use, so ``import plelab`` stays light.
 
 Importing plelab also registers its model with transformers (``model_type="plelab"``, so

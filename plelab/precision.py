@@ -248,8 +248,9 @@ def study_precision(requested: str, device: torch.device) -> PrecisionChoice:
     ``auto`` is bf16 on CUDA and fp32 on CPU, even where single runs pick bf16: paired bf16-vs-fp32 runs passed a
     TOST at 0.01 nats (``cpu-sweep``, 3 seeds; ``cpu-small``, 5 seeds), but the demo rerun in bf16 on an
     ``avx512_bf16`` EPYC (where the probe finds the GEMMs 2.85× faster at 1 thread) finished only 1.03× sooner than
-    in fp32 — the small shapes' step is mostly not matmul — and two of its visual labels changed at 3 seeds (README:
-    precision). A time tie goes to fp32. An explicit ``fp32`` / ``bf16`` is kept.
+    in fp32 — the small shapes' step is mostly not matmul — and two of its visual labels changed at 3 seeds
+    (``studies/FINDINGS.md``, "The demo in both precisions"). A time tie goes to fp32. An explicit ``fp32`` /
+    ``bf16`` is kept.
     """
     if requested in ("fp32", "bf16") or device.type != "cpu":
         return resolve_precision(requested, device)

@@ -162,7 +162,7 @@ def test_many_to_one_intervals_are_simultaneous_dunnett_intervals():
 
 
 def test_the_committed_long_study_labels_are_rechecked_on_own_errors():
-    """The long study's main curve (README's "8 → 16" and "16 → 32" drops) on own errors: reported, not assumed."""
+    """The long study's main curve (FINDINGS' "8 → 16" and "16 → 32" drops) on own errors: reported, not assumed."""
     recs = sorted((STUDIES / "long" / "records").glob("*/seed-*.json.gz"))
     assert recs, "studies/long records are missing"
     losses: dict[str, dict[int, float]] = {}

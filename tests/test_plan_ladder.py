@@ -96,10 +96,10 @@ def test_plan_json_and_text(capsys):
     assert "162.7 tokens per parameter" in out and "Commands:" in out and "runs/ladder-H160" in out
 
 
-def test_the_readme_shows_the_ladder_plan_prints(capsys):
+def test_the_findings_show_the_ladder_plan_prints(capsys):
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    findings = (Path(__file__).resolve().parents[1] / "studies" / "FINDINGS.md").read_text()
     assert main(["plan", "--target", "seed-3b", "--tokens", "400e9"]) == 0
     table = capsys.readouterr().out.splitlines()[2:8]
-    assert "\n".join(table) in readme
+    assert "\n".join(table) in findings

@@ -1,65 +1,115 @@
-"""Every Python snippet in README.md runs as written (in a fresh folder, one namespace per snippet), and every
-``plelab`` command line in it parses."""
+"""Every Python snippet in README.md and docs/*.md runs as written (in a fresh folder, one namespace per snippet),
+every ``plelab`` command line in their bash blocks (and in studies/FINDINGS.md's) parses, every TOML block is a
+config file plelab resolves, and no file of the repo points outside it."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+#: the pages whose code blocks are the documentation's promise: README first, then every guide page
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+FINDINGS = ROOT / "studies" / "FINDINGS.md"
+
+
+def blocks(language: str, pages: list[Path] = PAGES) -> list[tuple[str, str]]:
+    """``(label, code)`` of every fenced ``language`` block of ``pages``; the label names the page and the block's
+    place in it, e.g. ``docs/attach.md python 2``."""
+    out = []
+    for page in pages:
+        found = re.findall(rf"```{language}\n(.*?)```", page.read_text(), flags=re.S)
+        name = page.relative_to(ROOT).as_posix()
+        out += [(f"{name} {language} {i + 1}", code) for i, code in enumerate(found)]
+    return out
 
 
 def python_snippets() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    return [code for _, code in blocks("python")]
 
 
-def test_the_readme_has_python_snippets():
-    assert len(python_snippets()) >= 3
+PYTHON = blocks("python")
 
 
-@pytest.mark.parametrize("index", range(len(python_snippets())))
-def test_readme_snippet_runs(index, tmp_path, monkeypatch):
+def test_the_pages_have_python_snippets():
+    labels = [label for label, _ in PYTHON]
+    assert any(label.startswith("README.md") for label in labels) and len(labels) >= 10
+    assert (ROOT / "docs" / "ple.md").exists() and len(PAGES) >= 10
+
+
+@pytest.mark.parametrize("label, code", PYTHON, ids=[label.replace(" ", "-") for label, _ in PYTHON])
+def test_snippet_runs(label, code, tmp_path, monkeypatch):
+    if re.search(r"^import lightning|^from lightning", code, flags=re.M):
+        pytest.importorskip("lightning", reason="lightning is not installed here (pip install lightning; CI has it)")
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
-    code = python_snippets()[index]
-    exec(compile(code, f"README.md python snippet {index + 1}", "exec"), {"__name__": f"readme_{index}"})
+    exec(compile(code, label, "exec"), {"__name__": re.sub(r"\W", "_", label)})
 
 
-def plelab_commands() -> list[str]:
-    """Every ``plelab ...`` command line in the README's bash blocks (comments and ``\\`` continuations resolved)."""
+def bash_lines(pages: list[Path]) -> list[str]:
+    """Every line of the pages' bash blocks, comments and ``\\`` continuations resolved."""
     lines = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+    for _, block in blocks("bash", pages):
         joined = re.sub(r"\\\n\s*", " ", block)
-        for line in joined.splitlines():
-            line = line.split(" #")[0].strip()
-            if line.startswith("plelab ") and " ... " not in line:  # "..." marks an elided example
-                lines.append(line)
-    return lines
+        lines += [line.split(" #")[0].strip() for line in joined.splitlines()]
+    return [line for line in lines if line]
 
 
-def test_every_plelab_command_in_the_readme_parses():
+def plelab_commands(pages: list[Path] = PAGES) -> list[str]:
+    """Every ``plelab ...`` command line in the pages' bash blocks; a ``torchrun ... -m plelab VERB ...`` line
+    counts from ``plelab`` on, and the ``plelab`` part after ``&&`` of a line that prepares something first."""
+    commands = []
+    for line in bash_lines(pages):
+        for part in line.split("&&"):
+            part = part.strip()
+            if " -m plelab " in part:
+                part = "plelab " + part.split(" -m plelab ", 1)[1]
+            if part.startswith("plelab ") and " ... " not in part:  # "..." marks an elided example
+                commands.append(part)
+    return commands
+
+
+def test_every_plelab_command_in_the_pages_parses():
     import shlex
 
     from plelab.cli import build_parser
 
-    commands = plelab_commands()
+    commands = plelab_commands([*PAGES, FINDINGS])
     assert any(c.startswith("plelab ingest") for c in commands)
+    assert any(c.startswith("plelab train --preset seed-3b") for c in commands)  # a torchrun line, read from -m on
     parser = build_parser()
     for command in commands:
-        argv = [a for a in shlex.split(command)[1:] if a not in ("&&",)]
         try:
-            parser.parse_args(argv)
+            parser.parse_args(shlex.split(command)[1:])
         except SystemExit as exc:
             if exc.code:
-                raise AssertionError(f"README command does not parse: {command}") from None
+                raise AssertionError(f"documented command does not parse: {command}") from None
+
+
+def test_every_script_the_pages_run_exists():
+    scripts = [m for line in bash_lines([*PAGES, FINDINGS])
+               for m in re.findall(r"(?:^|&& )(?:bash|python) (scripts/\S+)", line)]
+    assert scripts and all((ROOT / s).is_file() for s in scripts), [s for s in scripts if not (ROOT / s).is_file()]
+
+
+@pytest.mark.parametrize("label, text", blocks("toml"), ids=[label.replace(" ", "-") for label, _ in blocks("toml")])
+def test_toml_blocks_are_config_files(label, text, tmp_path):
+    import plelab
+
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    cfg = plelab.resolve_config(None, config=path)
+    assert cfg.ple.dim > 0, label
 
 
 def test_the_own_decoder_snippet_trains_monitors_and_diagnoses(tmp_path, monkeypatch):
-    """README's "PLE in your own decoder": a nanoGPT-shaped model, param_groups' table group, a Monitor with
-    logits_of and plelab.diagnose on its folder (issue 53, 1)."""
+    """docs/own-decoder.md: a nanoGPT-shaped model, param_groups' table group, a Monitor with logits_of and
+    plelab.diagnose on its folder."""
     import json
 
     (code,) = [c for c in python_snippets() if "class GPT(nn.Module)" in c]
@@ -67,7 +117,45 @@ def test_the_own_decoder_snippet_trains_monitors_and_diagnoses(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     namespace = {"__name__": "readme_own_decoder"}
-    exec(compile(code, "README.md own-decoder snippet", "exec"), namespace)
+    exec(compile(code, "docs/own-decoder.md snippet", "exec"), namespace)
     saved = json.loads((tmp_path / "runs/mine/checkpoints/step-000008/diagnostics.json").read_text())
     assert saved["use"]["permute"]["windows"] == 16 and len(saved["layers"]) == 2
     assert namespace["report"]["table"]["verdict"]["use"] in ("USED", "UNUSED", "UNDECIDED")
+
+
+def test_the_readme_links_to_pages_that_exist():
+    for page in [*PAGES, FINDINGS]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target:
+                assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to a missing {target}"
+
+
+OUTSIDE = "../" + "shared/"  # spelled in two pieces so that this file does not contain it
+#: TEMPORARY: files another engineer is editing at the time of writing; each still to have its outside-the-repo
+#: references replaced by docs/ple.md's sections, after which it leaves this list (the list is to become empty).
+ALLOWED_OUTSIDE = {
+    "plelab/config/schema.py", "plelab/training/text_task.py", "plelab/training/trainer.py", "plelab/io.py",
+    "plelab/sweeps/runner.py", "plelab/cli/sweep.py", "plelab/cli/train.py", "plelab/sweeps/commands.py",
+}
+ALLOWED_OUTSIDE_FOLDERS = ("plelab/integrations/",)
+
+
+def repo_files() -> list[str]:
+    """The repo's files (tracked, and untracked ones git does not ignore), relative to its root."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the repo's file list is unknown")
+    return [name for name in out.decode().split("\0") if name]
+
+
+def test_no_file_points_outside_the_repo():
+    offenders = []
+    for name in repo_files():
+        if name in ALLOWED_OUTSIDE or name.startswith(ALLOWED_OUTSIDE_FOLDERS):
+            continue
+        path = ROOT / name
+        if path.is_file() and OUTSIDE.encode() in path.read_bytes():
+            offenders.append(name)
+    assert not offenders, f"these files point outside the repo ({OUTSIDE}...); cite docs/ple.md instead: {offenders}"

@@ -185,7 +185,8 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
         if name in ("embedded", "planted"):
             raise ConfigError(f"corpus name {name!r} is a built-in corpus; give yours another name")
         if not Path(path).exists():
-            raise ConfigError(f"--corpus {name}={path}: no such file or folder; make it first (README: calibration)")
+            raise ConfigError(f"--corpus {name}={path}: no such file or folder; make it first "
+                              "(docs/verdict-calibration.md)")
         bench.corpora[name] = [f"data.path={Path(path).resolve()}"]
     bench.validate()
     root = ensure_dir(out)
