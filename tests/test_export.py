@@ -13,8 +13,12 @@ import transformers
 
 import plelab
 from plelab.cli import main
+from plelab.integrations.hf import EXPORT_PLE_TRANSFORMERS, minor_version
 from plelab.model.generate import KVCache, generate
 from plelab.training.loading import load_for_eval
+
+# transformers 5.0–5.12 read an exported PLE model back wrong: there export refuses it (.ci/run tests 5.0 too)
+PLE_EXPORTS = minor_version(transformers.__version__) >= EXPORT_PLE_TRANSFORMERS
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +54,10 @@ def test_the_kv_cache_gives_the_full_forward_logits(tiny_cfg):
                                         ("ple", "PlelabForCausalLM")])
 def test_export_round_trips_logits_generate_and_tokenizer(runs, tmp_path, capsys, name, arch):
     out = tmp_path / "hf"
+    if name == "ple" and not PLE_EXPORTS:
+        assert main(["export", str(runs / name), str(out)]) == 2
+        assert "exporting a PLE run needs transformers >= 5.13" in capsys.readouterr().err and not out.exists()
+        return
     assert main(["export", str(runs / name), str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"{arch} from step 4" in printed and "logits match" in printed
@@ -70,6 +78,7 @@ def test_export_round_trips_logits_generate_and_tokenizer(runs, tmp_path, capsys
     assert torch.equal(theirs[:, prompt["input_ids"].shape[1]:], mine)
 
 
+@pytest.mark.skipif(not PLE_EXPORTS, reason=f"transformers {transformers.__version__} cannot load a PLE export")
 def test_a_ple_export_loads_after_import_plelab_in_a_fresh_process(runs, tmp_path):
     out = tmp_path / "hf"
     plelab.export(runs / "ple", out)

@@ -184,7 +184,7 @@ def study_args(p) -> None:
     p.add_argument("--seed-list", type=int_list("--seed-list", "0,1,2"),
                    help="explicit comma-separated seeds instead of --seeds")
     p.add_argument("--controls", type=controls, default=[],
-                   help=f"comma-separated controls: {', '.join(CONTROLS)}, or all (README: what each one tests)")
+                   help=f"comma-separated controls: {', '.join(CONTROLS)}, or all (docs/dp-studies.md: what each one tests)")
     p.add_argument("--control-dp", type=one_int("--control-dp", "16"),
                    help="the dP of the table-lr, boost and trunk-params/-flops controls (default: the middle dP)")
     p.add_argument("--variant", dest="variants", type=variant, action="append", default=[],

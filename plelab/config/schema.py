@@ -109,7 +109,7 @@ class ModelConfig:
 
 @dataclass
 class PLEConfig:
-    """Per-Layer Embeddings, Gemma 3n / Gemma 4 layout (``ple_reference.md`` §1.2–1.4).
+    """Per-Layer Embeddings, Gemma 3n / Gemma 4 layout (``docs/ple.md`` §1.2–1.4).
 
     ``dim`` is dP (HF: ``hidden_size_per_layer_input``); 0 switches PLE off and gives
     exactly the baseline trunk. ``vocab_size`` is Vp (HF: ``vocab_size_per_layer_input``);

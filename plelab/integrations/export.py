@@ -24,7 +24,7 @@ import torch
 from plelab.config.schema import RunConfig
 from plelab.data.tokenizer import EOS
 from plelab.errors import PlelabError
-from plelab.integrations.hf import refuse_attached
+from plelab.integrations.hf import EXPORT_PLE_TRANSFORMERS, minor_version, refuse_attached
 from plelab.integrations.hf_model import MODEL_TYPE, classes, register, require_transformers
 from plelab.integrations.pretrained import from_pretrained
 from plelab.io import check_folder_target, ensure_dir, save_safetensors, temp_dir, write_failure
@@ -105,6 +105,14 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
     if cfg.ple.enabled and cfg.ple.ids != "token":
         raise PlelabError(f"{ckpt} is a null-control run (ple.ids={cfg.ple.ids}): its table rows are keyed by random "
                           "draws, so the model means nothing outside plelab; export a run with ple.ids=token")
+    if cfg.ple.enabled:
+        import transformers  # optional dependency (the hf extra)
+
+        if minor_version(transformers.__version__) < EXPORT_PLE_TRANSFORMERS:
+            need = ".".join(map(str, EXPORT_PLE_TRANSFORMERS))
+            raise PlelabError(f"exporting a PLE run needs transformers >= {need} (this is {transformers.__version__}, "
+                              "whose loader reads the exported model back wrong): pip install "
+                              f"'transformers>={need},<6'")
     tokenizer = run_tokenizer_file(ckpt)
     model, _ = load_for_eval(ckpt, mmap_table=False)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}

@@ -6,7 +6,7 @@ What :func:`attach` does to ``model`` (a ``LlamaForCausalLM``, ``Qwen3ForCausalL
   ``per_layer_model_projection`` and ``per_layer_projection_norm`` on the base model (``model.model``),
   ``per_layer_input_gate``, ``per_layer_projection`` and ``post_per_layer_input_norm`` on each decoder layer —
   so ``state_dict`` and ``save_pretrained`` carry ``model.embed_tokens_per_layer.weight``,
-  ``model.layers.{l}.per_layer_projection.weight``, ... (``ple_reference.md`` §1.1);
+  ``model.layers.{l}.per_layer_projection.weight``, ... (``docs/ple.md`` §1.1);
 - hooks the forward: the base model's input ids and the input-embedding module's output ``e [B,T,H]`` give the
   per-layer inputs ``P = PerLayerEmbedding(e, ids) [B,T,L,dP]`` (§1.2), and each decoder layer's output gets
   ``h ← h + PerLayerInjection(h, P[:, :, l])`` — the Gemma 4 plain form, after the MLP's residual add (§1.3).
@@ -44,7 +44,13 @@ from plelab.model.ple import (INITS, PerLayerEmbedding, PerLayerInjection, PLEMo
 
 # Families transformers builds offline from a config whose layout attach knows (model_type -> how it is reached).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gpt_neox")
-TESTED_TRANSFORMERS = ("5.23",)  # major.minor versions the test suite ran attach under
+# attach's supported transformers: [lowest, first refused) as (major, minor). .ci/run tests both ends the package index
+# serves (5.0 and the newest 5.x) beside the pinned release; 6 is a major release attach has not met.
+ATTACH_TRANSFORMERS = ((5, 0), (6, 0))
+TESTED_TRANSFORMERS = ("5.0", "5.23", "5.25")  # major.minor versions the test suite ran attach under
+# the lowest release whose loader reads plelab's own PLE model (PlelabForCausalLM) back exactly: under 5.0–5.12 an
+# exported run's logits differ from the run's (measured: 5.0.0, 5.10.4, 5.11.0, 5.12.1; 5.13.1 and later equal)
+EXPORT_PLE_TRANSFORMERS = (5, 13)
 ATTACHED_TYPE = "plelab_attached"  # the model_type a folder saved after attach carries (the host's in plelab_ple)
 
 
@@ -94,13 +100,23 @@ def _saves_attached(model: nn.Module) -> None:
     object.__setattr__(model, "save_pretrained", save_pretrained)
 
 
+def minor_version(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string such as ``"5.23.0"`` or ``"5.25.0.dev0"`` ((0, 0) if unreadable)."""
+    parts = version.split(".") + ["0"]
+    digits = "".join(ch for ch in parts[1] if ch.isdigit()) or "0"
+    return (int(parts[0]), int(digits)) if parts[0].isdigit() else (0, 0)
+
+
 def check_transformers(version: str, allow_untested: bool = False) -> None:
-    """Refuse a transformers version attach was not tested under (``allow_untested`` lets it run anyway)."""
-    if allow_untested or ".".join(version.split(".")[:2]) in TESTED_TRANSFORMERS:
+    """Refuse a transformers version outside attach's supported range :data:`ATTACH_TRANSFORMERS` (``allow_untested``
+    lets it run anyway)."""
+    low, high = ATTACH_TRANSFORMERS
+    if allow_untested or low <= minor_version(version) < high:
         return
-    raise PlelabError(f"plelab.attach is tested with transformers {', '.join(v + '.x' for v in TESTED_TRANSFORMERS)}"
-                      f", this is {version}: install one of those (pip install 'transformers=="
-                      f"{TESTED_TRANSFORMERS[-1]}.*'), or pass allow_untested_transformers=True to try anyway")
+    raise PlelabError(f"plelab.attach supports transformers {low[0]}.{low[1]} up to (not including) {high[0]}.{high[1]} "
+                      f"(tested with {', '.join(TESTED_TRANSFORMERS)}), this is {version}: install one (pip install "
+                      f"'transformers>={low[0]}.{low[1]},<{high[0]}'), or pass allow_untested_transformers=True to try "
+                      "anyway")
 
 
 def _host_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.ModuleList, object]:
@@ -159,7 +175,11 @@ class Attachment:
         embeds = kwargs.get("inputs_embeds")
         if base.training and any(getattr(layer, "gradient_checkpointing", False) for layer in self.layers):
             raise PlelabError("attached PLE does not run under gradient checkpointing (the recomputed layers would "
-                              "miss their per-layer inputs): call model.activation_checkpointing_disable()")
+                              "miss their per-layer inputs, and their gradients would be wrong): call "
+                              "model.gradient_checkpointing_disable(); for the memory, train a smaller per-device "
+                              "batch with gradient accumulation (Trainer: gradient_accumulation_steps), or plelab's "
+                              "own decoder with train.activation_checkpointing=true, whose checkpointed layers "
+                              "recompute their per-layer inputs")
         if table_ids is None:
             if ids is None:
                 raise PlelabError("attached PLE needs input_ids (the per-layer table is indexed by token id): pass "

@@ -58,7 +58,9 @@ def from_pretrained(cls: str | type, path: str | Path, what: str = "a model", **
     quiet (``cls``: a transformers class, or its name such as ``"AutoModelForCausalLM"``); loader errors as one line
     that says ``path`` cannot be loaded as ``what``, why, and how to fix it."""
     for key, value in FORCED.items():
-        if key in kwargs and kwargs[key] != value:
+        # local_files_only=False only permits a download, and the path is checked to be a local folder below (the
+        # Auto classes of transformers >= 5.25 pass it to a registered class's from_pretrained by default)
+        if key in kwargs and kwargs[key] != value and not (key == "local_files_only" and kwargs[key] is False):
             raise PlelabError(f"from_pretrained({key}={kwargs[key]!r}) is refused: plelab loads only local "
                               "safetensors weights, never pickles, downloads or a folder's own code")
         kwargs[key] = value
