@@ -242,6 +242,8 @@ def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
     b = result["benchmark"]
     # 11 arms: the no-PLE baseline and the two zero arms are BENEFIT's references, not called
     assert b["quick"] and b["runs"] == 33 and b["configurations"] == 8
+    for regime in result["regimes"]:  # the facts each regime records (steps and seeds were once lost in a comment)
+        assert regime["steps"] > 0 and regime["seeds"] == 3 and regime["runs"] == 33 and 0 not in regime["dims"]
     # LEARNED's weak positives (slow, small: 2 configurations) are reported apart, never scored
     assert b["calls"]["USED"] == b["calls"]["BENEFIT"] == 8 * 3 * 8 and b["calls"]["LEARNED"] == 6 * 3 * 8
     assert b["calls_apart"] == {"LEARNED": 2 * 3 * 8, "USED": 0, "BENEFIT": 0}

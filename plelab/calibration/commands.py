@@ -62,7 +62,8 @@ def _regime_facts(folder: Path) -> dict:
     per_step, rows = cfg.train.batch_size * cfg.train.seq_len, cfg.ple.resolved_vocab_size(cfg.model)
     return {"name": folder.name, "scale": scale, "corpus": corpus, "hidden_size": cfg.model.hidden_size,
             "layers": cfg.model.num_hidden_layers, "rows": rows,
-            "dims": sorted({int(a.x) for a in spec.arms if a.family != "none"}),  # dP 0: a reference, never called "steps": spec.steps, "seeds": len(spec.seeds),
+            "dims": sorted({int(a.x) for a in spec.arms if a.family != "none"}),  # dP 0: a reference, never called
+            "steps": spec.steps, "seeds": len(spec.seeds),
             "tokens_per_step": per_step, "runs": len(spec.arms) * len(spec.seeds),
             "tokens_per_row": [spec.steps // DECISIONS * per_step / rows, spec.steps * per_step / rows]}
 
