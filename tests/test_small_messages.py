@@ -48,3 +48,22 @@ def test_params_refuses_a_seed_it_would_ignore(capsys):
         rc = exit_.code
     assert rc == 2 and "unrecognized arguments: --seed 3" in capsys.readouterr().err
     assert main(["params", "--preset", "cpu-tiny", "--dp", "0,8"]) == 0
+
+
+@pytest.mark.parametrize("make", ["text", "tokens"])
+def test_text_field_without_fields_to_read_is_refused(tmp_path, capsys, make):
+    from plelab.cli import main
+
+    if make == "text":
+        data = tmp_path / "notes"
+        data.mkdir()
+        (data / "a.txt").write_text("one paragraph\n\nanother one\n" * 200)
+    else:
+        data = tmp_path / "train.bin"
+        data.write_bytes(bytes(4000))
+    out = tmp_path / "run"
+    code = main(["train", "--data", str(data), "--text-field", "body", "--set", "data.token_dtype=uint16",
+                 "--out", str(out), "--steps", "2", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "data.text_field='body' names a JSONL field" in err and "Traceback" not in err
+    assert not out.exists()  # refused before any data step or folder

@@ -24,7 +24,7 @@ from plelab.data.corpus import corpus_fingerprint
 from plelab.data.mixture import parse_mixture
 from plelab.data.pretokenized import pretokenized_data
 from plelab.data.shards import TokenStream
-from plelab.data.sources import Source, iter_documents, resolve_source
+from plelab.data.sources import Source, file_kind, iter_documents, resolve_source
 from plelab.data.streaming import NotReady, cache_lock, ingest_source, source_identity
 from plelab.data.tokenizer import check_fits, hash_sample, load_tokenizer, sampled_tokenizer
 from plelab.data.tokens import TokenData
@@ -34,9 +34,23 @@ from plelab.io import atomic_write, cache_dir
 
 
 def data_sources(data: DataConfig) -> list[tuple[Source, float]]:
-    """The configured sources and their weights (one source: weight 1)."""
+    """The configured sources and their weights (one source: weight 1). A ``data.text_field`` other than the
+    default where no source has fields (text files, token shards, the embedded corpus) is refused: it would be
+    accepted without effect."""
     entries = parse_mixture(data.mix) if data.mix else [(data.path, 1.0)]
-    return [(resolve_source(p, data.text_field, data.embedded), w) for p, w in entries]
+    sources = [(resolve_source(p, data.text_field, data.embedded), w) for p, w in entries]
+    if data.text_field != "text" and not any(_has_fields(src) for src, _ in sources):
+        kinds = sorted({"token shards" if src.kind == "tokens" else "the embedded corpus" if src.kind == "embedded"
+                        else "text files (.txt/.md)" for src, _ in sources})
+        raise PlelabError(f"data.text_field={data.text_field!r} names a JSONL field or a Parquet / HF datasets column, "
+                          f"but the data is {' and '.join(kinds)}, which have none: drop --text-field "
+                          "(a text file's documents are its blank-line-separated paragraphs, grouped)")
+    return sources
+
+
+def _has_fields(src: Source) -> bool:
+    """Whether ``src`` reads its text from a field or column (JSONL, Parquet, an HF datasets folder)."""
+    return src.kind == "hf" or src.kind == "files" and any(file_kind(f) in ("jsonl", "parquet") for f in src.files)
 
 
 def _text_sample(sources: list[tuple[Source, float]], sample_chars: int) -> list[str]:
