@@ -33,7 +33,7 @@ _EXPORTS: dict[str, str] = {
     "plan": "plelab.sweeps.planning", "lr_search": "plelab.sweeps.commands", "advise": "plelab.sweeps.advise",
     "Advice": "plelab.sweeps.advise",
     "preregister_sweep": "plelab.sweeps.commands",
-    "ingest": "plelab.data.pipeline", "prepare_data": "plelab.data.pipeline", "ladder": "plelab.sweeps.ladder",
+    "ingest": "plelab.data.pipeline", "prepare_data": "plelab.runs", "ladder": "plelab.sweeps.ladder",
     "fit_runs": "plelab.sweeps.scaling_runs", "fit_study": "plelab.sweeps.scaling",
     "calibrate": "plelab.calibration.commands", "verdict_reliability": "plelab.diagnostics.verdict",
     "range_status": "plelab.diagnostics.verdict", "preregister_validation": "plelab.calibration.validation",

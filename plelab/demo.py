@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from plelab.config import resolve_config
-from plelab.data.pipeline import prepare_data
+from plelab.data.pipeline import prepare_token_data
 from plelab.errors import ConfigError
 from plelab.io import write_json
 from plelab.model.accounting import account
@@ -102,7 +102,7 @@ def run_demo(profile: str = "default", out: str | Path | None = None, data_path:
                  [f"data.embedded={prof.corpus}"] if prof.corpus != "stdlib" else [])
     overrides = list(prof.overrides) + data_sets + forced
     base = resolve_config(prof.preset, overrides, steps=prof.steps)
-    data = prepare_data(base, progress=progress)
+    data = prepare_token_data(base, progress=progress)
     entropy = data.unigram_entropy(base.model.vocab_size)
     log(f"\ncorpus {data.corpus_name}: {data.n_train_docs + data.n_val_docs:,} distinct "
         f"{'pieces of too few documents' if data.n_pieces else 'documents'}, "

@@ -10,7 +10,7 @@ from plelab.model.accounting import (
     closed_form_counts,
     counts_from_model,
     flops_per_token,
-    param_groups,
+    accounting_groups,
 )
 
 # The seed's table (seed 000), exact integers (docs/ple.md §2.2).
@@ -54,7 +54,7 @@ def test_model_counts_equal_closed_form(preset, gate, tied):
 
 def test_param_groups_partition_the_model(tiny_cfg):
     model = build_model(tiny_cfg.model, tiny_cfg.ple, device="meta")
-    groups = param_groups(model)
+    groups = accounting_groups(model)
     assert list(groups) == list(GROUPS)
     names = [n for members in groups.values() for n, _ in members]
     assert sorted(names) == sorted(n for n, _ in model.named_parameters())

@@ -7,7 +7,7 @@ import pytest
 
 from plelab.config import resolve_config
 from plelab.data import load_corpus, user_corpus
-from plelab.data.pipeline import prepare_data
+from plelab.data.pipeline import prepare_token_data
 from plelab.errors import PlelabError
 
 TEXTS = [f"Record {i}: per-layer embeddings give every layer its own lookup of token {i % 13}." for i in range(50)]
@@ -97,7 +97,7 @@ def test_supplied_tokenizer_json_is_used_and_checked(tmp_path, tiny_data):
     tok = train_tokenizer(corpus, 300, show_progress=False)
     tok.save(str(tmp_path / "tok.json"))
     cfg = resolve_config("cpu-tiny", [f"data.path={tmp_path / 'c.txt'}", f"data.tokenizer={tmp_path / 'tok.json'}"])
-    data = prepare_data(cfg, progress=False)
+    data = prepare_token_data(cfg, progress=False)
     assert int(max(data.train.max(), data.val.max())) < 300
     with pytest.raises(PlelabError, match="has 300 entries but model.vocab_size=256"):
         get_tokenizer(corpus, 256, str(tmp_path / "tok.json"))
@@ -176,7 +176,7 @@ def test_packages_corpus_reads_installed_docstrings_without_importing(tmp_path, 
     assert embedded_key("packages") != key  # an upgraded package is another corpus
 
     cfg = resolve_config("cpu-tiny", ["data.embedded=packages", "data.tokenizer_sample_chars=200000"])
-    data = prepare_data(cfg, progress=False)
+    data = prepare_token_data(cfg, progress=False)
     assert data.corpus_name == packages.name
     assert data.corpus_fingerprint == corpus_fingerprint(packages.documents)
     assert data.n_train_docs + data.n_val_docs == len(set(packages.documents))  # distinct documents

@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import save_file
 
 from plelab.cli import main
-from plelab.diagnostics.diagnose import diagnose
+from plelab.diagnostics.diagnose import diagnose_run as diagnose
 
 transformers = pytest.importorskip("transformers", minversion="5.5")
 

@@ -13,7 +13,7 @@ import pytest
 
 from plelab.cli import main
 from plelab.config import resolve_config
-from plelab.diagnostics.diagnose import diagnose
+from plelab.diagnostics.diagnose import diagnose_run as diagnose
 from plelab.diagnostics.verdict import BENEFIT, LEARNED, UNCALIBRATED, UNUSED, USED, use_verdict
 from plelab.runs import train
 

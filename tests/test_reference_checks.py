@@ -14,7 +14,7 @@ from hf_models import batch, tiny_host
 import plelab
 from plelab.cli import main
 from plelab.config import resolve_config
-from plelab.diagnostics.diagnose import diagnose
+from plelab.diagnostics.diagnose import diagnose_run as diagnose
 from plelab.errors import PlelabError
 from plelab.runs import train
 

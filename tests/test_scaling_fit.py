@@ -11,7 +11,7 @@ import pytest
 
 from plelab.cli import main
 from plelab.config import resolve_config
-from plelab.data.pipeline import prepare_data
+from plelab.data.pipeline import prepare_token_data
 from plelab.errors import PlelabError
 from plelab.model.accounting import account
 from plelab.runs import train
@@ -85,7 +85,7 @@ def base_overrides() -> list[str]:
 
 
 def test_plelab_fit_on_real_tiny_runs(tmp_path, capsys):
-    data = prepare_data(resolve_config("cpu-tiny", base_overrides()), progress=False)
+    data = prepare_token_data(resolve_config("cpu-tiny", base_overrides()), progress=False)
     quiet = {"data": data, "progress": False, "log": lambda *a, **k: None}
     widths = (32, 48, 64, 80)
     for h in widths:

@@ -8,7 +8,7 @@ import torch
 from plelab.config import resolve_config
 from plelab.data.tokens import disjoint_val_windows, val_windows
 from plelab.diagnostics.agreement import cka_against_null
-from plelab.diagnostics.diagnose import diagnose
+from plelab.diagnostics.diagnose import diagnose_run as diagnose
 from plelab.diagnostics.usage import ablation_losses, bin_mean_rows, frequency_bins
 from plelab.diagnostics.verdict import LEARNED, UNDECIDED
 from plelab.model.init import build_model

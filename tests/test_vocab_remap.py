@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 from plelab import frequency_rows, train
 from plelab.config import resolve_config
-from plelab.data.pipeline import prepare_data
+from plelab.data.pipeline import prepare_token_data
 from plelab.diagnostics.diagnose import row_occurrences
 from plelab.errors import ConfigError
 from plelab.model.init import build_model
@@ -68,7 +68,7 @@ def test_remap_rows_and_counts(tiny_data):
 def test_a_remapped_run_trains_saves_its_map_and_evaluates(tmp_path):
     cfg = resolve_config("cpu-tiny", ["ple.dim=8", *REMAP, "train.steps=6", "train.eval_every=3",
                                       "train.batch_size=4", "train.precision=fp32"])
-    data = prepare_data(cfg, progress=False)
+    data = prepare_token_data(cfg, progress=False)
     rows = token_rows(cfg, data)
     out = tmp_path / "run"
     result = train(cfg, out, data=data, progress=False, log=lambda *a, **k: None)

@@ -117,7 +117,7 @@ def _combine(parts: list[TokenData], weights: list[float]) -> TokenData:
 
 def load_data(data: DataConfig, vocab_size: int, progress: bool = True, verify: bool = False,
               log=print, build: bool = True, min_block: int = 1) -> TokenData:
-    """Token data for a data config, in this process (no torchrun coordination: see :func:`prepare_data`).
+    """Token data for a data config, in this process (no torchrun coordination: see :func:`prepare_token_data`).
     ``verify``: re-hash cached text and re-scan token shards; ``build=False``: only what the cache holds, else
     :class:`NotReady`; ``min_block``: the smallest validation block of token shards (a run's ``seq_len + 1``)."""
     sources = data_sources(data)
@@ -159,11 +159,11 @@ def ingest(cfg: RunConfig, progress: bool = True, verify: bool = False, check: b
     """What ``plelab ingest`` does: prepare the data of ``cfg`` (with ``check``, only look it up: :class:`NotReady`
     if something is missing) and return its :func:`data_summary`, with the seconds it took."""
     t0 = time.perf_counter()
-    data = prepare_data(cfg, progress=progress, dist=dist, verify=verify, build=not check)
+    data = prepare_token_data(cfg, progress=progress, dist=dist, verify=verify, build=not check)
     return {**data_summary(data), "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def prepare_data(cfg: RunConfig, progress: bool = True, dist=None, verify: bool = False,
+def prepare_token_data(cfg: RunConfig, progress: bool = True, dist=None, verify: bool = False,
                  build: bool = True) -> TokenData:
     """:func:`load_data` for a run config, coordinated under torchrun (rank 0 first, the others then read)."""
     dist = dist or DistInfo()

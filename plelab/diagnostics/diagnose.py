@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from plelab.config.schema import RunConfig
 from plelab.data.mixture import train_sampler
-from plelab.data.pipeline import prepare_data
+from plelab.data.pipeline import prepare_token_data
 from plelab.data.tokens import TokenData, data_val_windows, val_windows
 from plelab.diagnostics.agreement import cka_against_null, comparable
 from plelab.diagnostics.foreign import ForeignUse, foreign_report, hf_config
@@ -94,7 +94,7 @@ class RunTable:
             raise PlelabError(f"{source.file} is not a plelab run: --reference and --null take plelab runs or "
                               "folders plelab.Monitor wrote")
         self.source, self.cfg, self.step = source, source.config, source.step
-        self.data = data or prepare_data(self.cfg, progress=False)
+        self.data = data or prepare_token_data(self.cfg, progress=False)
         state = read_state(source.checkpoint, for_resume=False)
         saved = state.get("corpus_fingerprint")
         if saved is not None and saved != self.data.corpus_fingerprint:
@@ -144,7 +144,7 @@ def _compared(report: dict, other: TableSource, what: str) -> TableSource:
     return other
 
 
-def diagnose(path: str | Path, reference: str | Path | None = None, null_run: str | Path | None = None,
+def diagnose_run(path: str | Path, reference: str | Path | None = None, null_run: str | Path | None = None,
              use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int | None = None,
              progress: bool = True, null_reference: str | Path | None = None, init: str | Path | None = None,
              reference_init: str | Path | None = None, foreign_use: ForeignUse | None = None,

@@ -1,6 +1,6 @@
 """``plelab diagnose`` on any checkpoint, with the use test run through transformers.
 
-:func:`diagnose` is :func:`plelab.diagnostics.diagnose.diagnose` plus, for a checkpoint plelab did not train, what
+:func:`diagnose` is :func:`plelab.diagnostics.diagnose.diagnose_run` plus, for a checkpoint plelab did not train, what
 its use test needs (:class:`~plelab.diagnostics.foreign.ForeignUse`):
 
 - the model, loaded by transformers from the checkpoint's folder — an HF Gemma 3n / Gemma 4 (``*ForCausalLM`` or
@@ -24,7 +24,7 @@ import torch
 from plelab.data.sources import user_corpus
 from plelab.data.tokenizer import load_tokenizer
 from plelab.data.tokens import val_windows
-from plelab.diagnostics.diagnose import diagnose as diagnose_table
+from plelab.diagnostics.diagnose import diagnose_run
 from plelab.diagnostics.foreign import ForeignUse
 from plelab.diagnostics.tables import TABLE_SUFFIX, TableSource, find_table
 from plelab.diagnostics.verdict import calibrated_windows
@@ -109,7 +109,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
              tokenizer: str | Path | None = None, text_field: str = "text", seq_len: int | None = None,
              allow_mismatch: bool = False) -> dict:
     """Everything ``plelab diagnose`` reports, as a JSON-ready dict (see the module doc for ``data``/``tokenizer``;
-    the other arguments: :func:`plelab.diagnostics.diagnose.diagnose`)."""
+    the other arguments: :func:`plelab.diagnostics.diagnose.diagnose_run`)."""
     if data is None and (tokenizer is not None or seq_len is not None):
         raise PlelabError("--tokenizer and --seq-len are for the use test on --data: add --data FILE, or drop them")
     if data is not None and not use:
@@ -132,6 +132,6 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         vocab = model.get_input_embeddings().num_embeddings
         win, counts, what = data_windows(data, tokenizer, config, vocab, source.rows, seq_len, windows, text_field)
         foreign_use = ForeignUse(model=model, table=table, windows=win, counts=counts, data=what)
-    return diagnose_table(path, reference=reference, null_run=null_run, use=use, num_layers=num_layers, dim=dim,
+    return diagnose_run(path, reference=reference, null_run=null_run, use=use, num_layers=num_layers, dim=dim,
                           windows=windows, progress=progress, null_reference=null_reference, init=init,
                           reference_init=reference_init, foreign_use=foreign_use, allow_mismatch=allow_mismatch)

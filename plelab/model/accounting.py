@@ -2,7 +2,7 @@
 
 Three views of one model, cross-checked against each other:
 
-- ``param_groups(model)``: every parameter in exactly one named group (asserted). The
+- ``accounting_groups(model)``: every parameter in exactly one named group (asserted). The
   optimizer's parameter groups are built from it, and counts are summed over it.
 - ``closed_form_counts(mc, pc)``: the same group counts from formulas alone, including the
   seed's PLE formulas: table ``Vp·L·dP``; model-level ``H·L·dP + dP``; per-layer
@@ -59,7 +59,7 @@ def group_of(name: str) -> str:
     raise ValueError(f"parameter {name!r} belongs to no accounting group")
 
 
-def param_groups(model: nn.Module) -> OrderedDict[str, list[tuple[str, nn.Parameter]]]:
+def accounting_groups(model: nn.Module) -> OrderedDict[str, list[tuple[str, nn.Parameter]]]:
     """Partition ``model.named_parameters()`` into ``GROUPS``; asserts the partition is exact."""
     groups: OrderedDict[str, list[tuple[str, nn.Parameter]]] = OrderedDict((g, []) for g in GROUPS)
     for name, p in model.named_parameters():
@@ -71,7 +71,7 @@ def param_groups(model: nn.Module) -> OrderedDict[str, list[tuple[str, nn.Parame
 
 def counts_from_model(model: nn.Module) -> dict[str, int]:
     """Parameter count per group, from the instantiated (possibly meta) model."""
-    return {g: sum(p.numel() for _, p in members) for g, members in param_groups(model).items()}
+    return {g: sum(p.numel() for _, p in members) for g, members in accounting_groups(model).items()}
 
 
 def closed_form_counts(mc: ModelConfig, pc: PLEConfig) -> dict[str, int]:

@@ -80,7 +80,7 @@ def plot_paired(res: SweepResults, analysis: dict, out: Path) -> Path:
     return save_figure(fig, out / "paired_delta.png")
 
 
-def plot_diagnostics(res: SweepResults, out: Path) -> Path:
+def plot_sweep_diagnostics(res: SweepResults, out: Path) -> Path:
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
     for fam, pts in _curves(res).items():
@@ -164,6 +164,7 @@ def plot_budget(res: SweepResults, analysis: dict, out: Path) -> Path | None:
 
 def all_plots(res: SweepResults, analysis: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    paths = plot_loss(res, out) + [plot_paired(res, analysis, out), plot_diagnostics(res, out), plot_curves(res, out)]
+    paths = plot_loss(res, out) + [plot_paired(res, analysis, out), plot_sweep_diagnostics(res, out),
+                                   plot_curves(res, out)]
     extra = [plot_early(analysis, out), plot_budget(res, analysis, out)]
     return paths + [p for p in extra if p]

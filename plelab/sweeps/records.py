@@ -59,7 +59,7 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def checkpoint_diagnostics(ckpt: Path) -> dict | None:
+def read_checkpoint_diagnostics(ckpt: Path) -> dict | None:
     """A checkpoint's ``diagnostics.json`` (the use test), or None."""
     try:
         return json.loads((ckpt / "diagnostics.json").read_text())
@@ -102,7 +102,7 @@ def write_record(run: Path, steps: tuple[int, ...]) -> Path:
         ckpt = run / "checkpoints" / f"step-{step:06d}"
         if ckpt.is_dir():
             counts = checkpoint_row_counts(ckpt)
-            ckpts[str(step)] = {"diagnostics": checkpoint_diagnostics(ckpt),
+            ckpts[str(step)] = {"diagnostics": read_checkpoint_diagnostics(ckpt),
                                 "row_counts": None if counts is None else counts.tolist()}
     try:
         plan = json.loads((run / RUN_PLAN).read_text())
@@ -160,5 +160,5 @@ def copy_records(src: Path, dest: Path) -> int:
     return count
 
 
-__all__ = ["FORMAT", "RUN_PLAN", "VERSION", "checkpoint_diagnostics", "checkpoint_row_counts", "copy_records", "read_jsonl",
-           "read_record", "record_path", "recorded_steps", "sweep_roots", "write_record"]
+__all__ = ["FORMAT", "RUN_PLAN", "VERSION", "checkpoint_row_counts", "copy_records", "read_checkpoint_diagnostics",
+           "read_jsonl", "read_record", "record_path", "recorded_steps", "sweep_roots", "write_record"]

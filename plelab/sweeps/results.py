@@ -15,14 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-from plelab.data.pipeline import prepare_data
+from plelab.data.pipeline import prepare_token_data
 from plelab.diagnostics.agreement import cka_against_null
 from plelab.diagnostics.diagnose import RunTable
 from plelab.diagnostics.tables import find_table
 from plelab.errors import PlelabError
 from plelab.integrations.hosts import host_accounting
 from plelab.model.accounting import account
-from plelab.sweeps.records import checkpoint_diagnostics, checkpoint_row_counts, read_jsonl, read_record, record_path
+from plelab.sweeps.records import (checkpoint_row_counts, read_checkpoint_diagnostics, read_jsonl, read_record,
+                                   record_path)
 from plelab.sweeps.runner import RunJob, data_key, folder_done, jobs_of, run_config, run_state
 from plelab.sweeps.spec import SweepSpec, load_spec
 
@@ -111,7 +112,7 @@ class _FolderRun:
 
     def checkpoint(self, step: int) -> tuple[dict | None, object]:
         ckpt = checkpoint_path(self.path, step)
-        return checkpoint_diagnostics(ckpt), checkpoint_row_counts(ckpt)
+        return read_checkpoint_diagnostics(ckpt), checkpoint_row_counts(ckpt)
 
 
 class _RecordedRun:
@@ -172,7 +173,7 @@ def cross_seed_structure(jobs: list[RunJob], step: int, data_cache: dict) -> dic
             return {}
         key = data_key(job.cfg)
         if key not in data_cache:
-            data_cache[key] = prepare_data(job.cfg, progress=False)
+            data_cache[key] = prepare_token_data(job.cfg, progress=False)
         tables[job.seed] = RunTable(find_table(ckpt), data_cache[key])
     out = {}
     seeds = [j.seed for j in jobs]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from plelab.data.pipeline import prepare_data
+from plelab.data.pipeline import prepare_token_data
 from plelab.data.tokens import data_val_windows
 from plelab.errors import ConfigError, PlelabError
 from plelab.model.losses import window_losses
@@ -44,7 +44,7 @@ def evaluate(path: str | Path, *, device: str = "auto", windows: int | None = No
     t0 = time.perf_counter()
     model, cfg = load_for_eval(ckpt, device=device, mmap_table=not table_in_memory)
     load_s = time.perf_counter() - t0
-    data = prepare_data(cfg, progress=progress)
+    data = prepare_token_data(cfg, progress=progress)
     state = read_state(ckpt, for_resume=False)
     trained_on = state.get("corpus_fingerprint")
     if trained_on is not None and trained_on != data.corpus_fingerprint:

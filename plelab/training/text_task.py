@@ -18,7 +18,7 @@ from torch import nn
 
 from plelab.config.schema import RunConfig
 from plelab.data.mixture import train_sampler
-from plelab.data.pipeline import prepare_data
+from plelab.data.pipeline import prepare_token_data
 from plelab.data.tokens import CHUNK_CHARS, TokenData, data_val_windows
 from plelab.model.init import build_model
 from plelab.model.losses import window_losses
@@ -119,5 +119,5 @@ def _describe(cfg: RunConfig, data: TokenData) -> str:
 
 
 register_task_kind(TaskKind(
-    name="text", prepare_data=prepare_data, make_task=TextTask, describe_data=_describe,
-    warm_caches=lambda cfg: prepare_data(cfg, progress=False)))
+    name="text", prepare_data=prepare_token_data, make_task=TextTask, describe_data=_describe,
+    warm_caches=lambda cfg: prepare_token_data(cfg, progress=False)))
