@@ -29,9 +29,9 @@ from plelab.reports.sweep import write_report
 from plelab.reports.tables import accounting_tables
 from plelab.runtime import available_cores
 from plelab.sweeps.commands import dp_spec
-from plelab.sweeps.fit_ladder import FitLadder, ladder_specs
+from plelab.scaling.fit_ladder import FitLadder, ladder_specs
 from plelab.sweeps.runner import run_sweep, say, study_estimate
-from plelab.sweeps.scaling_runs import fit_runs, fit_text
+from plelab.scaling.scaling_runs import fit_runs, fit_text
 from plelab.sweeps.spec import CONTROLS, load_spec, merge_spec
 from plelab.visual.report import write_visual_report
 from plelab.visual.study import VISUAL_PROFILES, visual_spec

@@ -13,7 +13,8 @@ import pytest
 
 from plelab.cli import main
 from plelab.errors import PlelabError
-from plelab.sweeps import blocked, stats
+from plelab import stats
+from plelab.stats import blocked
 from plelab.sweeps.analysis_plan import plan_status, run_plan
 from plelab.sweeps.records import read_record, write_record
 from plelab.sweeps.spec import dp_arms, load_spec, merge_spec, run_dir, save_spec

@@ -100,7 +100,7 @@ def test_tagged_key_lists_equal_the_lists_kept_by_hand_before():
     # keeps the precision its run resolved)
     assert keys_tagged("resume") == ("seed", "model", "ple", "train.batch_size", "train.seq_len",
                                      "train.table_optimizer", "train.precision", "visual")
-    # plelab/sweeps/advise.py's _MATCH as it was written by hand (model: every key), the data keys of issue 18 and
+    # plelab/stats/advise.py's _MATCH as it was written by hand (model: every key), the data keys of issue 18 and
     # data.embedded (issue 25: which embedded corpus is another corpus)
     match = [("model", None), ("ple", ("vocab_size", "vocab_remap", "gate", "gate_init", "gate_learn", "table_init_std",
                                        "ids", "table", "table_scale", "table_scale_dim")),

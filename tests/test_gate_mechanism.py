@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plelab.sweeps.analysis import analyse
+from plelab.stats.analysis import analyse
 from plelab.sweeps.results import SweepResults
 from tests.test_sweep_stats import _synthetic
 
@@ -36,7 +36,7 @@ def _with_gates(res: SweepResults, gates: dict[str, list]) -> SweepResults:
 
 
 def test_a_gate_opening_is_judged_against_its_own_noise():
-    from plelab.sweeps.mechanism import movement
+    from plelab.stats.mechanism import movement
 
     opens = movement(_trajectory(0.01, 0.5, 200, seed=0), 0.01)
     assert opens["state"] == "opened" and 200 < opens["step"] <= 240 and opens["noise"] > 0
@@ -50,7 +50,7 @@ def test_a_gate_opening_is_judged_against_its_own_noise():
 
 
 def test_gate_mechanism_shows_only_when_a_shut_gate_stays_shut_below_one_that_opens():
-    from plelab.sweeps.mechanism import gate_mechanism
+    from plelab.stats.mechanism import gate_mechanism
 
     fam = "gate-scalar-small"
     losses = {a: [5.0, 5.1, 5.2] for a in ("dp0", "dp4", "dp8", f"dp4-{fam}", f"dp8-{fam}")}
@@ -79,7 +79,7 @@ def test_gate_mechanism_shows_only_when_a_shut_gate_stays_shut_below_one_that_op
 
 
 def test_gate_mechanism_reads_a_gate_started_open_closing():
-    from plelab.sweeps.mechanism import gate_mechanism
+    from plelab.stats.mechanism import gate_mechanism
 
     losses = {a: [5.0, 5.1, 5.2] for a in ("dp0", "dp4", "dp8", "dp4-gate-scalar", "dp8-gate-scalar")}
     closes = [_trajectory(1.0, 0.02, 150, seed=s) for s in range(3)]
@@ -96,7 +96,7 @@ def test_gate_mechanism_reads_a_gate_started_open_closing():
 
 def test_a_study_report_checks_the_calibrated_range_of_its_verdicts():
     from plelab.reports.sweep import range_blocks
-    from plelab.sweeps.analysis import calibrated_range
+    from plelab.stats.analysis import calibrated_range
 
     res = _synthetic({"dp0": [5.0, 5.1, 5.2], "dp8": [4.9, 5.0, 5.1]})
     for run in res.runs["dp8"].values():

@@ -24,6 +24,8 @@ LAYERS: list[set[str]] = [
     {"integrations"},
     {"runs"},
     {"sweeps"},
+    {"stats"},
+    {"scaling"},
     {"calibration"},
     {"reports"},
     {"visual"},

@@ -8,7 +8,7 @@ import pytest
 from plelab.cli import build_parser, main
 from plelab.config import get_preset, resolve_config
 from plelab.errors import ConfigError
-from plelab.sweeps.ladder import Assumptions, ladder
+from plelab.scaling.ladder import Assumptions, ladder
 
 
 def test_seed_3b_target_rung_by_hand():

@@ -17,7 +17,7 @@ from plelab.errors import PlelabError
 from plelab.sweeps.records import VERSION, read_record, record_path
 from plelab.sweeps.results import collect
 from plelab.sweeps.runner import jobs_of, run_state, run_sweep
-from plelab.sweeps.scaling_runs import points_from_runs
+from plelab.scaling.scaling_runs import points_from_runs
 from plelab.sweeps.spec import load_spec
 
 

@@ -15,7 +15,7 @@ from plelab.data.pipeline import prepare_token_data
 from plelab.errors import PlelabError
 from plelab.model.accounting import account
 from plelab.runs import train
-from plelab.sweeps.scaling import Law, Point, fit_study
+from plelab.scaling.laws import Law, Point, fit_study
 
 # Hoffmann et al. 2022's fitted constants (arXiv:2203.15556, approach 3), used as a known truth
 TRUE = Law(E=1.69, A=406.4, alpha=0.34, B=410.7, beta=0.28)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.stats as st
 
-from plelab.sweeps import blocked, power
+from plelab.stats import blocked, power
 
 ALPHA = 0.05
 
@@ -80,7 +80,7 @@ def test_many_to_one_family_wise_error_is_alpha_under_the_null():
 
 
 def test_holm_over_consecutive_steps_keeps_the_family_wise_error():
-    from plelab.sweeps.stats import holm
+    from plelab.stats import holm
 
     rng = np.random.default_rng(3)
     reps, arms, seeds = 3000, 5, 4

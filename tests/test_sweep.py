@@ -159,7 +159,7 @@ def test_sweep_results_report_and_advise(sweep_dir, capsys):
 def test_the_real_sweeps_findings_map_to_their_sources(sweep_dir):
     from test_sweep_stats import check_findings_map_to_their_sources
 
-    from plelab.sweeps.analysis import analyse
+    from plelab.stats.analysis import analyse
     from plelab.sweeps.results import collect, regime
 
     res = collect(sweep_dir)
@@ -167,7 +167,7 @@ def test_the_real_sweeps_findings_map_to_their_sources(sweep_dir):
 
 
 def test_plan_sizes_a_confirmatory_sweep_on_fresh_seeds(sweep_dir, capsys):
-    from plelab.sweeps.planning import plan
+    from plelab.stats.planning import plan
 
     p = plan(sweep_dir, delta=0.05, eval_windows=4)
     spec_seeds = set(p["pilot_seeds"])
@@ -183,7 +183,7 @@ def test_plan_sizes_a_confirmatory_sweep_on_fresh_seeds(sweep_dir, capsys):
     assert "--seed-list" in p["command"] and "--delta 0.05" in p["command"]
     # one number per question: the plan at the pilot's own outcome and δ gives what the pilot's report gives
     from plelab.reports.sweep_findings import required_seeds
-    from plelab.sweeps.analysis import analyse
+    from plelab.stats.analysis import analyse
     from plelab.sweeps.results import collect
 
     res = collect(sweep_dir, structure=False)

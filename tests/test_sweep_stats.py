@@ -9,8 +9,8 @@ import pytest
 
 from plelab.config import resolve_config
 from plelab.model.accounting import account
-from plelab.sweeps import stats
-from plelab.sweeps.analysis import analyse
+from plelab import stats
+from plelab.stats.analysis import analyse
 from plelab.sweeps.results import RunResult, SweepResults
 from plelab.sweeps.spec import SweepSpec, dp_arms
 
@@ -125,10 +125,10 @@ def test_inconclusive_says_how_many_seeds_would_decide_and_delta_sensitivity_is_
 
 
 def test_advise_never_reads_low_power_as_no_difference(tmp_path, monkeypatch):
-    from plelab.sweeps.advise import advise
+    from plelab.stats.advise import advise
 
     def advise_text(res) -> str:
-        monkeypatch.setattr("plelab.sweeps.advise.collect", lambda root, structure=False: res)
+        monkeypatch.setattr("plelab.stats.advise.collect", lambda root, structure=False: res)
         advice = advise(tmp_path)
         assert advice.text() == str(advice) and advice.to_dict()["lines"] == advice.lines
         return advice
@@ -209,19 +209,19 @@ def test_early_verdict_check_is_within_arms_not_pooled():
 
 def test_plan_takes_delta_from_the_pilots_gain_and_never_reuses_its_seeds(monkeypatch):
     from plelab.errors import PlelabError
-    from plelab.sweeps.planning import plan
+    from plelab.stats.planning import plan
 
     rng = np.random.default_rng(12)
     base = 5.0 + rng.normal(0, 0.08, 4)
     res = _synthetic({"dp0": base, "dp8": base - 0.04 + rng.normal(0, 0.01, 4),
                       "dp16": base - 0.08 + rng.normal(0, 0.01, 4)})
-    monkeypatch.setattr("plelab.sweeps.planning.collect", lambda root, structure=False: res)
+    monkeypatch.setattr("plelab.stats.planning.collect", lambda root, structure=False: res)
     p = plan("pilot", delta_fraction=0.25)
     gain = float(np.mean([base[s] - res.runs["dp16"][s].loss for s in range(4)]))
     assert p["delta"] == pytest.approx(0.25 * gain) and "dp16" in p["delta_origin"]
     assert p["seeds"] and min(p["confirmatory_seeds"]) == 4 and f"--delta {p['delta']:g}" in p["command"]
     flat = _synthetic({"dp0": base, "dp8": base + 0.01, "dp16": base + 0.02})
-    monkeypatch.setattr("plelab.sweeps.planning.collect", lambda root, structure=False: flat)
+    monkeypatch.setattr("plelab.stats.planning.collect", lambda root, structure=False: flat)
     with pytest.raises(PlelabError, match="no mean gain"):
         plan("pilot", delta_fraction=0.25)
 
@@ -229,7 +229,7 @@ def test_plan_takes_delta_from_the_pilots_gain_and_never_reuses_its_seeds(monkey
 def test_plan_sizes_the_controls_against_their_references_as_their_own_family(monkeypatch, capsys):
     from plelab.cli import main
     from plelab.errors import PlelabError
-    from plelab.sweeps.planning import plan, plan_text
+    from plelab.stats.planning import plan, plan_text
 
     rng = np.random.default_rng(13)
     base = 5.0 + rng.normal(0, 0.08, 4)
@@ -237,7 +237,7 @@ def test_plan_sizes_the_controls_against_their_references_as_their_own_family(mo
     dp16 = dp8 - 0.05 + rng.normal(0, 0.005, 4)
     noisy = {"dp8-zero": dp8 + rng.normal(0, 0.03, 4), "dp16-zero": dp16 + rng.normal(0, 0.03, 4)}
     res = _synthetic({"dp0": base, "dp8": dp8, "dp16": dp16, **noisy}, controls=["zero"])
-    monkeypatch.setattr("plelab.sweeps.planning.collect", lambda root, structure=False: res)
+    monkeypatch.setattr("plelab.stats.planning.collect", lambda root, structure=False: res)
     every, main_curve, controls = (plan("pilot", delta=0.02, families=f) for f in ("all", "main", "controls"))
     assert set(every["seeds_by_family"]) == {"consecutive", "vs_baseline", "controls"}
     assert set(main_curve["seeds_by_family"]) == {"consecutive", "vs_baseline"}
@@ -251,7 +251,7 @@ def test_plan_sizes_the_controls_against_their_references_as_their_own_family(mo
     assert main(["plan", "--target", "seed-3b", "--tokens", "1e9", "--families", "main"]) == 2
     assert "--families belongs to the pilot plan" in capsys.readouterr().err
     plain = _synthetic({"dp0": base, "dp8": dp8, "dp16": dp16})
-    monkeypatch.setattr("plelab.sweeps.planning.collect", lambda root, structure=False: plain)
+    monkeypatch.setattr("plelab.stats.planning.collect", lambda root, structure=False: plain)
     with pytest.raises(PlelabError, match="no finished control arm"):
         plan("pilot", delta=0.02, families="controls")
     with pytest.raises(PlelabError, match="--families must be one of"):
@@ -341,7 +341,7 @@ def test_the_long_profile_trains_past_20_tokens_per_trunk_parameter_on_the_packa
 def test_fit_ladder_adds_every_rung_but_the_studys_own(tmp_path):
     from plelab.demo import PROFILES
     from plelab.errors import ConfigError
-    from plelab.sweeps.fit_ladder import FitLadder, ladder_specs
+    from plelab.scaling.fit_ladder import FitLadder, ladder_specs
     from plelab.sweeps.runner import study_estimate
 
     lad = PROFILES["long"].ladder

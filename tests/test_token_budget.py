@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from test_sweep_stats import _synthetic
 
-from plelab.sweeps import budget
+from plelab.stats import budget
 from plelab.sweeps.results import RunResult
 
 

@@ -171,7 +171,7 @@ def test_the_fix_interaction_is_found_where_it_is_and_not_where_it_is_not():
     −0.15), B's helps equally with and without it (none); a shared seed effect, which pairing removes."""
     import numpy as np
 
-    from plelab.sweeps import stats
+    from plelab import stats
     from plelab.visual.study import interaction_family
 
     rng = np.random.default_rng(0)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from plelab.sweeps import stats
+from plelab import stats
 from plelab.sweeps.spec import SweepSpec
 from plelab.visual.report import findings
 from plelab.visual.study import positive_control, table_use

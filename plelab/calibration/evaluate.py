@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from plelab.calibration.features import Call
-from plelab.sweeps.power import _scipy_stats
+from plelab.stats.power import _scipy_stats
 
 SCHEMES: dict[str, Callable[[Call], tuple]] = {
     "configuration": lambda c: (c.regime, c.config),

@@ -36,7 +36,7 @@ freedom (the seeds are the independent unit; the shared windows are the second t
 DELTA_USE and its one-sided 95% lower bound > 0; not USED when its one-sided 95% upper bound < DELTA_USE; else
 open (counted, never scored).
 
-**BENEFIT's test.** A paired t interval per reference on the other seeds' finals (:func:`plelab.sweeps.stats.
+**BENEFIT's test.** A paired t interval per reference on the other seeds' finals (:func:`plelab.stats.
 paired`): BENEFIT when both 95% intervals lie below 0; no BENEFIT when either reference is equivalent within
 ±DELTA_BENEFIT (TOST at α) or significantly better; else open. No arm is ever its own reference.
 
@@ -49,8 +49,8 @@ import math
 
 import numpy as np
 
-from plelab.sweeps.power import _scipy_stats
-from plelab.sweeps.stats import paired
+from plelab.stats.power import _scipy_stats
+from plelab.stats import paired
 
 DELTA_USE = 0.005  # nats: the smallest reliance worth calling USED
 DELTA_BENEFIT = 0.01  # nats: the smallest final-loss gain worth calling BENEFIT at CPU scale

@@ -14,13 +14,13 @@ from plelab.demo import PROFILES, run_demo
 from plelab.errors import ConfigError
 from plelab.io import json_safe, write_json
 from plelab.reports import report
-from plelab.sweeps.advise import advise
+from plelab.stats.advise import advise
 from plelab.sweeps.commands import DEFAULT_PRESET, lr_search, options_of, pack, preregister_sweep, sweep
-from plelab.sweeps.ladder import GPU_BF16_PEAK, Assumptions, ladder, ladder_text
+from plelab.scaling.ladder import GPU_BF16_PEAK, Assumptions, ladder, ladder_text
 from plelab.sweeps.lr_search import CHOICE_FILE, DEFAULT_MULTS, DEFAULT_SEEDS, choice_text
-from plelab.sweeps.planning import FAMILIES, plan, plan_text
+from plelab.stats.planning import FAMILIES, plan, plan_text
 from plelab.sweeps.runner import say
-from plelab.sweeps.scaling_runs import fit_runs, fit_text
+from plelab.scaling.scaling_runs import fit_runs, fit_text
 from plelab.sweeps.spec import CONTROLS, load_spec
 
 

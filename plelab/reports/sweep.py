@@ -19,9 +19,9 @@ from plelab.io import atomic_write, check_folder_target, write_json
 from plelab.reports.sweep_findings import findings, required_seeds
 from plelab.reports.sweep_plots import all_plots
 from plelab.reports.tables import csv_text, fmt
-from plelab.sweeps.analysis import analyse
+from plelab.stats.analysis import analyse
 from plelab.sweeps.analysis_plan import plan_status
-from plelab.sweeps.mechanism import gate_mechanism
+from plelab.stats.mechanism import gate_mechanism
 from plelab.sweeps.results import SweepResults, collect, regime
 from plelab.sweeps.spec import DEFAULT_DELTA, DP_DELTA, run_dir, sweep_command
 

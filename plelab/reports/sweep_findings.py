@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from plelab.config.paths import absolute
-from plelab.sweeps import stats
+from plelab import stats
 from plelab.sweeps.results import SweepResults
 from plelab.sweeps.spec import sweep_command
 

@@ -12,7 +12,7 @@ import numpy as np
 from plelab.reports.figures import finish_axes, pyplot, save_figure
 from plelab.sweeps.results import SweepResults
 from plelab.sweeps.spec import CURVE_CONTROLS
-from plelab.sweeps.stats import t_quantile
+from plelab.stats import t_quantile
 
 _FAMILY_STYLE = {"dP": ("C0", "o", "main (Gemma)"), "frozen": ("C1", "s", "table frozen"),
                  "zero": ("C2", "^", "table zeroed"), "matched": ("C3", "D", "scale-matched"),

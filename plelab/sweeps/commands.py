@@ -2,7 +2,7 @@
 
 Both take typed Python arguments (lists, not comma-separated text); :mod:`plelab.cli.sweep` converts
 the command line. The report is :func:`plelab.reports.sweep.write_report`; advice is
-:func:`plelab.sweeps.advise.advise`.
+:func:`plelab.stats.advise.advise`.
 """
 
 from __future__ import annotations

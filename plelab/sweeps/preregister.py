@@ -78,7 +78,7 @@ Families:
 - **Does each dP beat the baseline?** The `vs_baseline` family (Dunnett, simultaneous intervals).
 - **Does the table's content matter?** Each control against its arm at the same dP (`controls`, Holm).
 - **The seed's mechanism**: does a gate started near closed open, when, and does that depend on dP? Read from each
-  learned gate's trajectory against its own noise (`plelab.sweeps.mechanism`): it shows only where a dP stays shut in
+  learned gate's trajectory against its own noise (`plelab.stats.mechanism`): it shows only where a dP stays shut in
   every run below one that opens in every run.
 
 Reproduce: `{sweep_command(spec, root)}`

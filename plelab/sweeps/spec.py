@@ -23,7 +23,7 @@ optional variants crossed with every dP > 0, and the controls of the seed's open
   closed" mechanism can occur, which Gemma's post-norm (fixed branch RMS at any dP) rules out;
 - ``gate-scalar-small`` / ``gate-scalar-0``: the seed's scalar gate started near closed (init 0.01) or shut (init
   0), at every dP — the seed's loop as it states it: does the gate open, when, and does that depend on dP
-  (:mod:`plelab.sweeps.mechanism`)?
+  (:mod:`plelab.stats.mechanism`)?
 - ``trunk-params`` / ``trunk-flops``: no PLE, the FFN widened to spend what PLE at ``control_dp`` adds in
   parameters / in training FLOPs per token (``model.accounting.matched_trunk``): would the trunk have used them
   better?

@@ -13,7 +13,7 @@ from plelab.diagnostics.verdict import LEARNED, USED
 from plelab.io import atomic_write, write_json
 from plelab.reports.sweep import delta_origin, run_plan_status, sensitivity_table, to_html, to_markdown
 from plelab.reports.tables import ci_cell, csv_text, fmt
-from plelab.sweeps import stats
+from plelab import stats
 from plelab.sweeps.results import collect
 from plelab.visual.report_fix import design_blocks
 from plelab.visual.report_plots import visual_plots

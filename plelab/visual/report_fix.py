@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from plelab.reports.tables import ci_cell, fmt
-from plelab.sweeps import stats
+from plelab import stats
 
 
 def _by_arm(analysis: dict, metric: str) -> dict[str, dict]:

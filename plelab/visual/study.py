@@ -8,7 +8,7 @@ done by ID flips is separated from the missing loss-side pressure. Every arm of 
 data, the frozen encoder, the LM's initial weights and the batch order, so caption-loss differences
 are paired. The analysis compares
 every arm with ``none`` on the caption loss and on the content-word loss (Holm within each family,
-paired t + TOST against δ, :mod:`plelab.sweeps.stats`).
+paired t + TOST against δ, :mod:`plelab.stats`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import numpy as np
 
 from plelab.config.schema import QUANTIZER_IDS
 from plelab.diagnostics.verdict import DELTA_USE, structure_verdict
-from plelab.sweeps import blocked, stats
-from plelab.sweeps.analysis import verdict_counts
+from plelab import stats
+from plelab.stats import blocked
+from plelab.stats.analysis import verdict_counts
 from plelab.sweeps.results import SweepResults, checkpoint_path
 from plelab.sweeps.runner import RunJob
 from plelab.sweeps.spec import Arm, SweepSpec
@@ -152,7 +153,7 @@ def _values(res: SweepResults, metric: str) -> dict[str, dict[int, float]]:
 
 def paired_family(res: SweepResults, pairs: list[tuple[str, str]], metric: str) -> list[stats.Comparison]:
     """``b − a`` on ``metric`` (``caption`` = the run's loss, or a summary key) for each pair, paired by seed, as one
-    family (:func:`plelab.sweeps.blocked.analyse_family`: seeds as blocks with a pooled error where the design holds,
+    family (:func:`plelab.stats.blocked.analyse_family`: seeds as blocks with a pooled error where the design holds,
     Dunnett when every pair shares its ``a``, else Holm; pairs without a common seed are left out)."""
     values = _values(res, metric)
     many_to_one = len(pairs) > 1 and len({a for a, _ in pairs}) == 1

@@ -3,7 +3,7 @@ seed's format, the Holm-corrected comparison families, the confound checks, and 
 early verdict predicted the final result.
 
 Families, each analysed as a randomised complete block design — the seeds are blocks across the family's
-arms, one pooled error (:mod:`plelab.sweeps.blocked`) — or, where that design does not hold (incomplete
+arms, one pooled error (:mod:`plelab.stats.blocked`) — or, where that design does not hold (incomplete
 blocks, unequal variances), by paired t per comparison; the report names the method of each family:
 
 - ``vs_baseline``: every main-curve arm against ``dp0`` (the seed's ΔLoss column), Dunnett-adjusted
@@ -20,8 +20,9 @@ credited to the learned table.
 from __future__ import annotations
 
 from plelab.diagnostics.verdict import range_status, verdict
-from plelab.sweeps import blocked, stats
-from plelab.sweeps.budget import token_budget
+from plelab import stats
+from plelab.stats import blocked
+from plelab.stats.budget import token_budget
 from plelab.sweeps.results import SweepResults
 from plelab.sweeps.spec import CURVE_CONTROLS
 

@@ -1,6 +1,6 @@
 """The rungs a study adds for its scaling fit: more trunk widths × more run lengths, each its own sweep.
 
-A single-size dP study cannot identify ``L(N, D)``; :func:`plelab.sweeps.scaling_runs.fit_runs` needs ≥ 4 sizes ×
+A single-size dP study cannot identify ``L(N, D)``; :func:`plelab.scaling.scaling_runs.fit_runs` needs ≥ 4 sizes ×
 ≥ 3 token budgets, each budget its own run (an evaluation inside one cosine run mixes the schedule's position with
 the tokens seen). A :class:`FitLadder` names them: every ``hidden × steps`` cell except the study's own is a
 small dP sweep (the baseline and one PLE arm at dP/H = ``ratio``, ``seeds`` seeds) in ``ROOT/ladder/H{h}-s{steps}``,

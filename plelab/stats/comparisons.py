@@ -6,17 +6,17 @@ mean difference, its standard error se and the error's degrees of freedom ν:
 
 - paired t (:func:`paired`): the pair's own differences d_i = loss_B,i − loss_A,i, se = sd(d)/√n, ν = n − 1;
 - blocked (:func:`pooled`): the seeds as blocks across all arms of a family, se from the pooled residual,
-  ν = (arms − 1)(seeds − 1) (:mod:`plelab.sweeps.blocked`);
+  ν = (arms − 1)(seeds − 1) (:mod:`plelab.stats.blocked`);
 
 then CI = d̄ ± t_{1−α/2, ν}·se, a two-sided p, and TOST (Schuirmann 1987): equivalence within ±δ when both
 one-sided tests H0: d ≤ −δ and H0: d ≥ +δ are rejected, p_TOST = the larger one-sided p. A family's p-values
 are adjusted by Holm (1979), or — many arms against one baseline on the pooled error — by Dunnett's
 multivariate t; the equivalence p-values by Holm. The minimum detectable effect is exact: the smallest true
 difference the two-sided test at α/m (m comparisons: Holm's first threshold) detects with 80% power
-(noncentral t, :mod:`plelab.sweeps.power`). An inconclusive comparison says how many seeds would decide it.
+(noncentral t, :mod:`plelab.stats.power`). An inconclusive comparison says how many seeds would decide it.
 
 The 95% CI is per comparison unless ``ci_kind`` says it is simultaneous (Dunnett's many-to-one intervals,
-:mod:`plelab.sweeps.blocked`); the TOST at α is equivalent to the 90% per-comparison CI lying inside ±δ.
+:mod:`plelab.stats.blocked`); the TOST at α is equivalent to the 90% per-comparison CI lying inside ±δ.
 
 Labels, with α after the family's adjustment and δ the declared smallest effect of interest:
 
@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from plelab.sweeps.power import _scipy_stats, power_difference, seeds_to_decide
+from plelab.stats.power import _scipy_stats, power_difference, seeds_to_decide
 
 DROP, RISE, EQUIVALENT, DIMINISHING, INCONCLUSIVE = (
     "significant drop", "significant rise", "equivalent within ±δ", "diminishing returns", "inconclusive")
@@ -186,8 +186,8 @@ def seeds_to_label(c: Comparison | dict, level: float, power: float = 0.8) -> di
     """Seeds per arm at which comparison ``c`` gets a label at level ``level`` (α/m in its family) with ``power``:
     ``{"difference": n detecting a true Δ of δ, "equivalence": n showing ±δ at a true Δ of 0}``. Each is the larger
     of what its pooled error needs (ν = (k − 1)(n − 1) for k arms) and what the pair's own error needs (paired t),
-    since a pooled label stands only where the own error agrees (:func:`plelab.sweeps.blocked.agree`); None when a
-    spread is missing or the need is beyond :data:`~plelab.sweeps.power.MAX_SEEDS`. The one "seeds needed" number
+    since a pooled label stands only where the own error agrees (:func:`plelab.stats.blocked.agree`); None when a
+    spread is missing or the need is beyond :data:`~plelab.stats.power.MAX_SEEDS`. The one "seeds needed" number
     the report, ``plelab plan`` and an inconclusive label all quote."""
     get = c.get if isinstance(c, dict) else lambda k: getattr(c, k)
     errors = [(get("sd"), get("error_arms") or 2)]

@@ -1,4 +1,4 @@
-"""``plelab fit RUNS…``: the scaling fits of :mod:`plelab.sweeps.scaling` on finished runs, and their text.
+"""``plelab fit RUNS…``: the scaling fits of :mod:`plelab.scaling.laws` on finished runs, and their text.
 
 Every folder under the paths given that holds a ``summary.json`` (a finished ``plelab train`` run, or one run of
 a sweep), and every run a sweep there holds only as its record (:mod:`plelab.sweeps.records`), is a point: ``N``
@@ -19,7 +19,7 @@ from plelab.config.schema import PLEConfig, RunConfig
 from plelab.errors import PlelabError
 from plelab.model.accounting import account
 from plelab.sweeps.records import SUFFIX, read_record
-from plelab.sweeps.scaling import BOOTSTRAPS, EXTRAPOLATION_LIMIT, Point, fit_study
+from plelab.scaling.laws import BOOTSTRAPS, EXTRAPOLATION_LIMIT, Point, fit_study
 
 BASELINE = "baseline"
 _NOT_ARM = ("dim", "vocab_size")  # a ladder scales these with the rung
@@ -89,7 +89,7 @@ def points_from_runs(paths: Sequence[str | Path], count: str = "non-embedding") 
 
 def fit_runs(paths: Sequence[str | Path], count: str = "non-embedding", boots: int = BOOTSTRAPS, seed: int = 0,
              min_sizes: int = 4, min_budgets: int = 3, predict: Sequence[tuple[float, float]] = ()) -> dict:
-    """:func:`~plelab.sweeps.scaling.fit_study` on the runs under ``paths`` (see the module docstring)."""
+    """:func:`~plelab.scaling.laws.fit_study` on the runs under ``paths`` (see the module docstring)."""
     if boots < 20:
         raise PlelabError(f"--boots {boots} is too few for a 95% interval; use at least 20 (default {BOOTSTRAPS})")
     points, notes = points_from_runs(paths, count)

@@ -12,7 +12,7 @@ seed:
 
 The verdict compares the gain at the evaluation nearest half-way with the final one, paired by seed:
 c = Δ(final) − Δ(half), so c > 0 means the gain shrank. The c's of all arms form one family (Holm, TOST at
-±δ, the statistics of :mod:`plelab.sweeps.stats`):
+±δ, the statistics of :mod:`plelab.stats`):
 
 A *gain of interest* at a step is a significant drop there that is not shown smaller than δ (the label
 "significant drop", unadjusted: it describes one point of the curve).
@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from plelab.sweeps import stats
+from plelab import stats
 from plelab.sweeps.results import SweepResults
 
 CLOSING, CLOSED, STAYING, GROWING, NO_GAIN = ("closing (a speed-up)", "closed (a speed-up)", "staying (capacity)",

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plelab.sweeps import stats
-from plelab.sweeps.power import _scipy_stats
+from plelab import stats
+from plelab.stats.power import _scipy_stats
 
 EQUAL_VARIANCE_ALPHA = 0.05
 MVT_SEED = 20_250_101  # the multivariate-t CDF is a randomised quadrature: seeded, so reports are reproducible

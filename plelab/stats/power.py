@@ -2,7 +2,7 @@
 
 All for a paired difference with true mean ``mu``, true sd ``sigma`` of the per-seed differences, ``n`` seeds and
 an error estimate on ``df`` degrees of freedom (``n − 1`` for one paired t; ``(arms − 1)(seeds − 1)`` for the pooled
-residual of a blocked design, :mod:`plelab.sweeps.blocked`). ``se = sigma/√n`` below.
+residual of a blocked design, :mod:`plelab.stats.blocked`). ``se = sigma/√n`` below.
 
 - Two-sided difference test at level α: the statistic is noncentral t with noncentrality λ = mu/se, so
   power = P(|T| > t_{1−α/2, df}) = 1 − F_nct(t_c; df, λ) + F_nct(−t_c; df, λ) (exact).

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from plelab.config import RunConfig, keys_tagged, resolve_config
 from plelab.errors import PlelabError
-from plelab.sweeps import blocked, power, stats
-from plelab.sweeps.analysis import analyse
+from plelab import stats
+from plelab.stats import blocked, power
+from plelab.stats.analysis import analyse
 from plelab.sweeps.results import collect
 from plelab.sweeps.spec import load_spec
 

@@ -6,7 +6,7 @@ of defining a run's loss — the mean of its last k evaluations, a variance redu
 to show where the noise comes from, by run length (the evaluations along the runs) and by validation tokens
 (``eval_windows``: final checkpoints re-evaluated). δ is
 declared, by ``--delta`` or the pilot's own declared δ, and is never computed from the pilot's losses. For
-each comparison the plan gives the seeds at which the exact tests of :mod:`plelab.sweeps.power` reach the
+each comparison the plan gives the seeds at which the exact tests of :mod:`plelab.stats.power` reach the
 target power: to detect a true Δ of δ (at α/m, Holm's first threshold), and to show equivalence within ±δ if
 the true Δ is 0 (TOST at α/m). The families sized are the main curve's (consecutive steps, every dP against the
 baseline) and the controls' (every control arm against its reference at the same dP, as the report tests them);
@@ -21,7 +21,8 @@ import math
 from pathlib import Path
 
 from plelab.errors import PlelabError
-from plelab.sweeps import blocked, power, stats
+from plelab import stats
+from plelab.stats import blocked, power
 from plelab.sweeps.results import collect
 from plelab.sweeps.spec import sweep_command
 from plelab.training.evaluate import evaluate
@@ -186,7 +187,7 @@ def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.
 
 def _need(rows: list[dict]) -> int | None:
     """A family's seeds per arm from its rows (the largest need; None where one is beyond reach): the number
-    :func:`plelab.sweeps.stats.family_seeds` gives the report for the same comparisons and outcome."""
+    :func:`plelab.stats.family_seeds` gives the report for the same comparisons and outcome."""
     needs = [r[k] for r in rows for k in ("seeds_difference", "seeds_equivalence")]
     return None if not needs or None in needs else max(needs)
 
