@@ -67,3 +67,9 @@ def test_text_field_without_fields_to_read_is_refused(tmp_path, capsys, make):
     err = capsys.readouterr().err
     assert code == 2 and "data.text_field='body' names a JSONL field" in err and "Traceback" not in err
     assert not out.exists()  # refused before any data step or folder
+
+
+def test_a_seed_beyond_a_torch_generator_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"seed=1234567890123456789012345678901: allowed an integer from 0 to 2\*\*63"):
+        resolve_config("cpu-tiny", seed=1234567890123456789012345678901)
+    assert resolve_config("cpu-tiny", seed=2 ** 63 - 1).seed == 2 ** 63 - 1

@@ -323,7 +323,7 @@ class RunConfig:
     visual: VisualConfig = field(default_factory=VisualConfig, metadata=_RESUME)
 
     def validate(self) -> RunConfig:
-        _require(self.seed >= 0, "seed", self.seed, "an integer >= 0")
+        _require(0 <= self.seed < 2 ** 63, "seed", self.seed, "an integer from 0 to 2**63 - 1 (a torch generator seed)")
         self.model.validate()
         self.ple.validate(self.model)
         self.train.validate()
