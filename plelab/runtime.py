@@ -40,7 +40,10 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"invalid config value train.device={name!r}: no CUDA device here; use cpu or auto")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"invalid device {name!r}: allowed auto | cpu | cuda | cuda:N | mps") from None
 
 
 def param_seed(seed: int, name: str) -> int:

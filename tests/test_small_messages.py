@@ -73,3 +73,31 @@ def test_a_seed_beyond_a_torch_generator_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"seed=1234567890123456789012345678901: allowed an integer from 0 to 2\*\*63"):
         resolve_config("cpu-tiny", seed=1234567890123456789012345678901)
     assert resolve_config("cpu-tiny", seed=2 ** 63 - 1).seed == 2 ** 63 - 1
+
+
+def test_a_json_config_that_sets_a_key_twice_is_refused(tmp_path):
+    path = tmp_path / "dup.json"
+    path.write_text('{"train": {"steps": 3, "steps": 4}}')
+    with pytest.raises(ConfigError, match="sets 'steps' twice"):
+        resolve_config(None, config=path)
+
+
+def test_mixture_weights_whose_sum_overflows_are_refused():
+    from plelab.data.mixture import parse_mixture
+
+    with pytest.raises(ConfigError, match=r"sum to inf; they are relative"):
+        parse_mixture(["a.jsonl:1e308", "b.jsonl:1e308"])
+
+
+def test_an_unknown_device_and_a_nan_temperature_are_one_line(tmp_path, capsys):
+    from plelab.cli import main
+    from plelab.runtime import resolve_device
+
+    with pytest.raises(ConfigError, match="invalid device 'banana'"):
+        resolve_device("banana")
+    from plelab.model.generate import check_sampling
+
+    with pytest.raises(ValueError, match="finite number >= 0"):
+        check_sampling(4, float("nan"), None)
+    assert main(["eval", str(tmp_path), "--device", "banana"]) == 2
+    assert "Traceback" not in capsys.readouterr().err

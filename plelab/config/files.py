@@ -43,10 +43,12 @@ def read_config_file(path: str | os.PathLike) -> dict:
             raise ConfigError(f"config file {path} is not valid TOML: {err}") from None
     else:
         try:
-            data = json.loads(raw)
+            data = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
         except UnicodeDecodeError as err:
             raise ConfigError(f"config file {path} is not UTF-8 (invalid byte at offset {err.start}); save it as "
                               "UTF-8") from None
+        except DuplicateKey as err:
+            raise ConfigError(f"config file {path} sets {err} twice; keep one") from None
         except json.JSONDecodeError as err:
             raise ConfigError(f"config file {path} is not valid JSON: {err.msg} (at line {err.lineno}, column "
                               f"{err.colno})") from None
@@ -54,3 +56,15 @@ def read_config_file(path: str | os.PathLike) -> dict:
         raise ConfigError(f"config file {path} holds a {type(data).__name__}, not an object with the sections of a "
                           "run's config.json")
     return data
+
+
+class DuplicateKey(ValueError):
+    """A JSON object that names a key twice (``json`` would keep the last silently)."""
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    for key in keys:
+        if keys.count(key) > 1:
+            raise DuplicateKey(repr(key))
+    return dict(pairs)

@@ -40,6 +40,9 @@ def parse_mixture(entries: list[str]) -> list[tuple[str, float]]:
     if len({p for p, _ in out}) != len(out):
         raise ConfigError(f"a mixture names a source twice ({', '.join(p for p, _ in out)}); give each path once")
     total = sum(w for _, w in out)
+    if not math.isfinite(total):
+        raise ConfigError(f"mixture weights {', '.join(f'{w:g}' for _, w in out)} sum to {total:g}; they are "
+                          "relative: scale them down (e.g. 0.7 and 0.3)")
     return [(p, w / total) for p, w in out]
 
 

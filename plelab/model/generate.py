@@ -8,6 +8,8 @@ argmax. The draws come from one ``torch.Generator`` seeded with ``seed``, so a s
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -54,8 +56,8 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -
     """``ValueError`` for settings :func:`generate` cannot honour."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1 (or None: no top-k cut), got {top_k}")
 
