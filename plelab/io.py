@@ -3,6 +3,11 @@
 ``tempfile.mkstemp`` / ``mkdtemp`` create 0600 files and 0700 folders whatever the umask, so a file written through
 them would be unreadable to a teammate on a shared machine; :func:`atomic_write` and :func:`temp_dir` give what an
 ordinary ``open`` / ``mkdir`` would (0644 / 0755 under umask 022).
+
+A rename is atomic against a crash of the process (``kill -9``), not against a power loss: the kernel may write the
+new name to disk before the file's data, leaving an empty or short file under the final name. So every rename into
+place here is preceded by an ``fsync`` of what is renamed (:func:`sync_tree` for a folder) and followed by one of
+the folder holding the new name (:func:`sync_dir`); :func:`replace_synced` does both.
 """
 
 from __future__ import annotations
@@ -109,9 +114,60 @@ def temp_dir(parent: str | os.PathLike, prefix: str, suffix: str = "") -> Path:
     return tmp
 
 
+def sync_file(path: str | os.PathLike) -> None:
+    """``fsync`` the file ``path``: its data and size are on disk when this returns."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_dir(path: str | os.PathLike) -> None:
+    """``fsync`` the folder ``path``, so that the names created, renamed or removed in it are on disk. A no-op where
+    the platform or the filesystem cannot sync a folder (Windows; some network filesystems say EINVAL)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return  # a folder cannot be opened for reading here (Windows): nothing to sync
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def sync_tree(root: str | os.PathLike) -> None:
+    """``fsync`` every file under the folder ``root``, then every folder (deepest first, ``root`` last): before a
+    folder is renamed into place, so that its new name never points at files still in the page cache only."""
+    folders = []
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                sync_file(path)
+        folders.append(folder)
+    for folder in reversed(folders):
+        sync_dir(folder)
+
+
+def replace_synced(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """``os.replace(src, dst)`` that survives a power loss: ``src`` (a file, or a folder and everything in it)
+    synced first, the folder holding ``dst`` synced after."""
+    if os.path.isdir(src) and not os.path.islink(src):
+        sync_tree(src)
+    else:
+        sync_file(src)
+    os.replace(src, dst)
+    sync_dir(os.path.dirname(os.path.abspath(dst)))
+
+
 def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
-    """Call ``writer(tmp_path)`` then rename onto ``path``: readers never see a half-written file. The file gets
-    the mode the umask implies (as ``open`` would give it), not mkstemp's 0600."""
+    """Call ``writer(tmp_path)`` then rename onto ``path``: readers never see a half-written file, nor, after a
+    power loss, an empty one (synced before and after the rename: :func:`replace_synced`). The file gets the mode
+    the umask implies (as ``open`` would give it), not mkstemp's 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -119,7 +175,7 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     try:
         writer(Path(tmp))
         os.chmod(tmp, 0o666 & ~umask())
-        os.replace(tmp, path)
+        replace_synced(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

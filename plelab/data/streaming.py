@@ -45,7 +45,7 @@ from plelab.data.tokenizer import EOS
 from plelab.data.tokens import TokenData, split_for_training
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
-from plelab.io import cache_dir, os_reason, write_json
+from plelab.io import cache_dir, os_reason, replace_synced, write_json
 
 INGEST_VERSION = 1  # bump when the shard layout or the split rules change
 BATCH_CHARS = 2_000_000  # characters of text per encode batch (≈ 0.5 M tokens)
@@ -293,7 +293,7 @@ def ingest_source(src: Source, tok: Tokenizer, val_fraction: float, progress: bo
                             **_write_all(tmp, tok, src, val_fraction, progress)}
                 (tmp / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
                 write_json(tmp / "manifest.json", manifest)
-                os.replace(tmp, folder)
+                replace_synced(tmp, folder)  # synced: no power loss leaves a named entry with empty shards
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         return _load(folder, manifest, tok)  # checked and mapped under the lock: no rebuild can swap it meanwhile

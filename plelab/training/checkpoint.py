@@ -38,7 +38,7 @@ from plelab.config.schema import RunConfig
 from plelab.distributed import DistInfo, all_ranks_ok, barrier
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
-from plelab.io import save_safetensors, temp_dir, write_failure, write_json
+from plelab.io import replace_synced, save_safetensors, temp_dir, write_failure, write_json
 from plelab.model.loading import check_tensors
 from plelab.training import sharded_checkpoint as sharded
 
@@ -92,10 +92,11 @@ def _write_failed(run_dir: Path, root: Path, final: Path, tmp: Path, why: str) -
 
 
 def _publish(run_dir: Path, tmp: Path, final: Path, keep: int, protect: int) -> Path:
-    """Rename the finished ``tmp`` to ``final``, then delete all but the newest ``keep`` (never ``step-{protect}``)."""
+    """Rename the finished ``tmp`` to ``final`` (its files synced first, so that no power loss leaves a named
+    checkpoint with empty files), then delete all but the newest ``keep`` (never ``step-{protect}``)."""
     if final.exists():  # a re-save of the same step (resume that ended exactly here)
         shutil.rmtree(final)
-    tmp.rename(final)
+    replace_synced(tmp, final)
     for old in [p for p in list_checkpoints(run_dir) if p.name != f"step-{protect:06d}"][:-keep]:
         trash = old.with_name(old.name + ".tmp-old")
         old.rename(trash)

@@ -42,7 +42,7 @@ from plelab.config.budget import check_bytes, gigabytes
 from plelab.distributed import DistInfo, all_ranks_ok
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
-from plelab.io import save_safetensors, write_json
+from plelab.io import replace_synced, save_safetensors, write_json
 from plelab.model.loading import check_tensors
 
 SHARDED = "sharded"
@@ -197,7 +197,7 @@ def consolidate_folder(ckpt: Path) -> Path:
     out, tmp = ckpt / "model.safetensors", ckpt / "model.safetensors.tmp"
     try:
         save_safetensors(sd, tmp, metadata={"format": fmt})
-        tmp.replace(out)
+        replace_synced(tmp, out)
     except (OSError, SafetensorError) as err:
         tmp.unlink(missing_ok=True)
         raise PlelabError(f"cannot write {out}: {getattr(err, 'strerror', None) or err}") from None
