@@ -101,3 +101,16 @@ def test_an_unknown_device_and_a_nan_temperature_are_one_line(tmp_path, capsys):
         check_sampling(4, float("nan"), None)
     assert main(["eval", str(tmp_path), "--device", "banana"]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, text, needle", [
+    ("deep.json", '{"a":' * 20000 + "1" + "}" * 20000, "nests deeper than any config"),
+    ("deep.toml", "a = " + "[" * 20000 + "]" * 20000, "nests deeper than any config"),
+    ("big.json", '{"seed": ' + "9" * 5000 + "}", "holds a value plelab cannot read"),
+    ("big.toml", "seed = " + "9" * 5000, "holds a value plelab cannot read"),
+])
+def test_deep_or_huge_config_files_are_one_line(tmp_path, name, text, needle):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        resolve_config(None, config=path)

@@ -33,6 +33,34 @@ def read_config_file(path: str | os.PathLike) -> dict:
         raw = path.read_bytes()
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {os_reason(err)}; check its permissions") from None
+    try:
+        data = _parse(path, raw, suffix)
+    except RecursionError:
+        raise ConfigError(f"config file {path} nests deeper than any config (a run's config.json is two levels "
+                          "deep); give a run's config.json or a subset of its keys") from None
+    except ValueError as err:  # e.g. an integer of more than 4,300 digits
+        raise ConfigError(f"config file {path} holds a value plelab cannot read ({str(err).split(';')[0]}); fix "
+                          "it") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} holds a {type(data).__name__}, not an object with the sections of a "
+                          "run's config.json")
+    return data
+
+
+class DuplicateKey(ValueError):
+    """A JSON object that names a key twice (``json`` would keep the last silently)."""
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    for key in keys:
+        if keys.count(key) > 1:
+            raise DuplicateKey(repr(key))
+    return dict(pairs)
+
+
+def _parse(path: Path, raw: bytes, suffix: str):
+    """The file's contents (JSON or TOML by ``suffix``); a format error is one :class:`ConfigError` line."""
     if suffix == ".toml":
         try:
             data = tomllib.loads(raw.decode("utf-8"))
@@ -52,19 +80,4 @@ def read_config_file(path: str | os.PathLike) -> dict:
         except json.JSONDecodeError as err:
             raise ConfigError(f"config file {path} is not valid JSON: {err.msg} (at line {err.lineno}, column "
                               f"{err.colno})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} holds a {type(data).__name__}, not an object with the sections of a "
-                          "run's config.json")
     return data
-
-
-class DuplicateKey(ValueError):
-    """A JSON object that names a key twice (``json`` would keep the last silently)."""
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
-    keys = [k for k, _ in pairs]
-    for key in keys:
-        if keys.count(key) > 1:
-            raise DuplicateKey(repr(key))
-    return dict(pairs)

@@ -50,8 +50,8 @@ def _file(config: ConfigSource) -> tuple[Mapping | None, str]:
 def _read_saved(saved: str | os.PathLike) -> RunConfig:
     try:
         return RunConfig.from_dict(json.loads(Path(saved).read_text()))
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"cannot read {saved} ({err}); fix it or start a new --out") from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise ConfigError(f"cannot read {saved} ({str(err).split(';')[0]}); fix it or start a new --out") from None
     except PlelabError as err:
         raise ConfigError(f"{saved}: {err}; fix it or start a new --out") from None
 
