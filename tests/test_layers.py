@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "plelab"
 
 # Lowest first. Shared infrastructure sits below every concept package.
 LAYERS: list[set[str]] = [
-    {"errors", "io", "faults", "runtime", "precision", "provenance", "distributed"},
+    {"errors", "io", "locks", "faults", "runtime", "precision", "provenance", "distributed"},
     {"config"},
     {"model"},
     {"data"},

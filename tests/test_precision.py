@@ -131,6 +131,7 @@ def test_a_run_records_its_resolution_and_a_resume_never_probes_again(monkeypatc
     monkeypatch.setattr(precision, "probe_bf16", _no_probe)
     resumed = _trainer(tmp_path, tiny_data, "train.steps=5", resume=True)
     assert resumed.env.bf16 and "not probed again" in resumed.precision.reason
+    resumed.release()  # the run folder's lock: a trainer holds it until its fit ends
     from plelab.cli import main
 
     before = (run / "config.json").read_bytes()

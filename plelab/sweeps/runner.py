@@ -13,13 +13,16 @@ run is never redone.
 - ``emit="torchrun"`` / ``"slurm"``: write the per-run commands / a Slurm array script instead
   (:mod:`plelab.sweeps.cluster`).
 
-A lock file keeps two sweep processes out of the same folder.
+A lock file keeps two sweep processes out of the same folder, and each run's own lock (:mod:`plelab.locks`) keeps
+two trainers out of one run folder. A worker gets the sweep's PID (:data:`plelab.locks.PARENT_ENV`) and stops at its
+next step once the sweep is gone, even by ``kill -9``, which leaves no chance to stop it.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -35,6 +38,7 @@ from plelab.config import RunConfig, resolve_config
 from plelab.config.schema import QUANTIZER_IDS
 from plelab.errors import PlelabError
 from plelab.io import ensure_dir, write_json
+from plelab.locks import PARENT_ENV
 from plelab.precision import PrecisionChoice, study_precision
 from plelab.runs import make_trainer, prepare_data, warm_caches
 from plelab.runtime import available_cores, resolve_device
@@ -184,6 +188,12 @@ def train_command(job: RunJob, threads: int | None = None) -> list[str]:
     return cmd + (["--set", f"train.threads={threads}"] if threads else [])
 
 
+def worker_env() -> dict[str, str]:
+    """A worker's environment: this one, with this process's PID in :data:`~plelab.locks.PARENT_ENV`, so that the
+    worker stops once this sweep is gone (:class:`~plelab.locks.ParentWatch`)."""
+    return {**os.environ, PARENT_ENV: str(os.getpid())}
+
+
 def say(*args) -> None:
     print(*args, flush=True)  # visible at once in a redirected log of a long sweep
 
@@ -312,7 +322,8 @@ def _watch_workers(todo: list[RunJob], jobs: int, bar, report, clock: SweepClock
                 job.path.mkdir(parents=True, exist_ok=True)
                 fh = open(job.path / "train.log", "a")
                 try:
-                    proc = subprocess.Popen(train_command(job, threads), stdout=fh, stderr=subprocess.STDOUT)
+                    proc = subprocess.Popen(train_command(job, threads), stdout=fh, stderr=subprocess.STDOUT,
+                                            env=worker_env())
                 except OSError as err:
                     fh.close()
                     raise PlelabError(f"cannot start a worker for {job.name}: {err}") from None

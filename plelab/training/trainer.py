@@ -9,6 +9,11 @@ A step: the task's micro-batches (fixed for the step) -> ``task.loss`` under bf1
 ``(loss / grad_accum).backward()`` per micro-batch -> mean loss across ranks -> finite? -> row counts,
 observers -> clip -> AdamW (the task's groups, LR from warmup + cosine) -> ``task.after_step`` -> metrics row ->
 every ``eval_every`` steps validation, every ``checkpoint_every`` steps an atomic checkpoint.
+
+A run folder is written by one process at a time: rank 0 holds its lock (:class:`plelab.locks.FolderLock`) from
+the trainer's start (or, for a new folder, from its creation) to the end of :meth:`Trainer.fit`; a second trainer
+on the folder is refused in one line before it reads or writes anything there. A sweep's worker (started with the
+sweep's PID in :data:`plelab.locks.PARENT_ENV`) stops at its next step, with a checkpoint, once the sweep is gone.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from plelab.distributed import all_ranks_ok, barrier, init_distributed, mean_acr
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import atomic_write, write_json
+from plelab.locks import FolderBusy, FolderLock, ParentWatch
 from plelab.model.accounting import flops_per_token
 from plelab.model.ple import TABLE_KEY
 from plelab.precision import PrecisionChoice
@@ -63,13 +69,25 @@ class Trainer:
 
     def __init__(self, task: Task, run_dir: str | Path | None = None, *, resume: bool = False,
                  progress: bool = True, log=print, observers: Sequence[Observer] = ()) -> None:
+        # the run records its paths absolute (config.json, state, summary): its config works from any directory
+        self.task, self.cfg, self.log, self.progress = task, portable(task.cfg), log, progress
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        device = resolve_device(task.cfg.train.device)
+        self.dist = init_distributed(device.type)
+        self.lock: FolderLock | None = None
+        # only a sweep's worker watches its parent (the sweep puts its PID in the environment)
+        self.parent_watch = ParentWatch.from_env() if self.run_dir is not None else None
+        if self.run_dir is not None:
+            self._hold_run(at_start=True)  # before anything in the folder is read: another run may be writing it
+        try:
+            self._setup(task, device, resume, observers)
+        except BaseException:
+            self.release()  # a refused resume leaves the folder as it was, the lock file included
+            raise
+
+    def _setup(self, task: Task, device: torch.device, resume: bool, observers: Sequence[Observer]) -> None:
         cfg = task.cfg
         tc = cfg.train
-        # the run records its paths absolute (config.json, state, summary): its config works from any directory
-        self.task, self.cfg, self.log, self.progress = task, portable(cfg), log, progress
-        self.run_dir = Path(run_dir) if run_dir is not None else None
-        device = resolve_device(tc.device)
-        self.dist = init_distributed(device.type)
         if task.single_process and self.dist.enabled:
             raise PlelabError("this kind of run is single-process for now; run it without torchrun")
         self.device = torch.device("cuda", self.dist.local_rank) if device.type == "cuda" else device
@@ -122,6 +140,28 @@ class Trainer:
         return choice
 
     # ---- run folder, resume ------------------------------------------------------------------
+    def _hold_run(self, at_start: bool = False) -> None:
+        """Rank 0 takes the run folder's lock (collective: every rank raises if it cannot). At the start a folder not
+        made yet (or one where a lock file cannot be created) is left to :meth:`_open_run`, which locks it once made:
+        a refused new run leaves no folder behind."""
+        ok, why = True, ""
+        if self.dist.is_main and self.lock is None and (not at_start or self.run_dir.is_dir()):
+            try:
+                self.lock = FolderLock.acquire(self.run_dir)
+            except FolderBusy as err:
+                ok, why = False, str(err)
+            except OSError as err:
+                if not at_start:
+                    ok, why = False, f"cannot write to output folder {self.run_dir}: {err.strerror or err}"
+        if not all_ranks_ok(ok, self.dist):
+            raise PlelabError(why if self.dist.is_main else f"rank 0 could not lock the run folder {self.run_dir}")
+
+    def release(self) -> None:
+        """Let go of the run folder's lock (the end of :meth:`fit` does; so does a failed start). Idempotent."""
+        lock, self.lock = self.lock, None
+        if lock is not None:
+            lock.release()
+
     def _open_run(self, resume: bool) -> None:
         """Check everything first (every rank, nothing written), then rank 0 writes."""
         run, main = self.run_dir, self.dist.is_main
@@ -158,13 +198,21 @@ class Trainer:
             self.log(f"no checkpoint in {run} yet: starting from step 0")
         MetricSinks.check_available(self.cfg.train)
         barrier(self.dist)  # every rank has checked before rank 0 writes
-        ok = True
+        ok, why = True, ""
         if main:
             try:
                 run.mkdir(parents=True, exist_ok=True)
+                if self.lock is None:  # a folder made just now (or unlockable at the start): locked before writing
+                    self.lock = FolderLock.acquire(run)
+                    held = [n for n in ("config.json", "metrics.jsonl", "checkpoints") if (run / n).exists()]
+                    if held and not resume:  # another new run took the folder meanwhile
+                        raise FolderBusy(f"{run} already holds a run ({held[0]}); pass --resume to continue it, "
+                                         "or choose another --out")
                 write_json(run / "config.json", self.cfg.to_dict())
                 for name, text in self.task.run_files().items():
                     atomic_write(run / name, lambda p, text=text: p.write_text(text))
+            except FolderBusy as err:
+                ok, why = False, str(err)
             except OSError as err:
                 ok, why = False, f"cannot write to output folder {run}: {err.strerror or err}"
         if not all_ranks_ok(ok, self.dist):
@@ -313,6 +361,34 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> TrainResult:
+        """Train to ``train.steps``; the run folder's lock is let go when it returns or raises."""
+        try:
+            if self.run_dir is not None:
+                self._hold_run()  # taken again when fit runs a second time
+                self._stop_if_orphaned(saved=True)
+            return self._fit()
+        finally:
+            self.release()
+
+    def _parent_gone(self) -> bool:
+        """Whether the sweep that started this worker is gone (every rank agrees; False outside a sweep's worker)."""
+        if self.parent_watch is None:
+            return False
+        return not all_ranks_ok(not self.parent_watch.gone(), self.dist)
+
+    def _stop_if_orphaned(self, saved: bool) -> None:
+        """A sweep's worker whose sweep is gone (``kill -9``: it could not stop its workers) stops here, with a
+        checkpoint of this step (unless ``saved``), so that it trains no further into a folder that a rerun of the
+        sweep will write: the rerun resumes the run from this step."""
+        if not self._parent_gone():
+            return
+        if not saved:
+            self.save_checkpoint()
+        raise PlelabError(f"the sweep that started this run (PID {self.parent_watch.pid}) is gone: {self.run_dir} "
+                          f"stopped at step {self.step} of {self.cfg.train.steps}; rerun the sweep to resume it from "
+                          "there")
+
+    def _fit(self) -> TrainResult:
         tc, main = self.cfg.train, self.dist.is_main
         result = TrainResult(val_history=self.val_history)
         if self.step >= tc.steps:
@@ -357,10 +433,13 @@ class Trainer:
                     bar.update(1)
                     if "loss" in row:
                         bar.set_postfix(loss=f"{row['loss']:.3f}")
-                if self.run_dir is not None and (
-                        (tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or self.step == tc.steps
-                        or self.step == tc.early_checkpoint):
-                    self.save_checkpoint()
+                if self.run_dir is not None:
+                    saved = ((tc.checkpoint_every and self.step % tc.checkpoint_every == 0) or self.step == tc.steps
+                             or self.step == tc.early_checkpoint)
+                    if saved:
+                        self.save_checkpoint()
+                    if self.step < tc.steps:
+                        self._stop_if_orphaned(saved)
         finally:
             bar.close()
             if self.sinks is not None:
