@@ -86,9 +86,7 @@ def test_an_ingest_cache_entry_is_synced_whole_before_it_is_named(tiny_data, cal
 def test_every_rename_into_place_goes_through_the_synced_one():
     """A new rename site must sync (``plelab.io.replace_synced`` / ``atomic_write``); the ones listed here rename
     something away to delete it, where a power loss costs nothing."""
-    away = {("training/checkpoint.py", "old.rename(trash)"), ("data/streaming.py", "os.replace(folder, gone)"),
-            # not synced yet: plelab/integrations/export.py is edited elsewhere (issue 54 report)
-            ("integrations/export.py", "tmp.rename(out)")}
+    away = {("training/checkpoint.py", "old.rename(trash)"), ("data/streaming.py", "os.replace(folder, gone)")}
     found = set()
     for path in PACKAGE.rglob("*.py"):
         rel = str(path.relative_to(PACKAGE))

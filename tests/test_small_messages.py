@@ -1,6 +1,7 @@
 """Messages that say what was meant: the closest config key, the fields a JSONL line does hold, a refit refused
 where it would rewrite an installed package."""
 
+import importlib.util
 import json
 
 import pytest
@@ -114,3 +115,29 @@ def test_deep_or_huge_config_files_are_one_line(tmp_path, name, text, needle):
     path.write_text(text)
     with pytest.raises(ConfigError, match=needle):
         resolve_config(None, config=path)
+
+
+def test_what_refuses_a_run_refuses_it_before_the_data_step(tmp_path, monkeypatch):
+    import plelab.runs
+    from plelab.locks import FolderLock
+
+    def data_step(*args, **kwargs):
+        raise AssertionError("the data step ran before the refusal")
+
+    monkeypatch.setattr(plelab.runs, "prepare_data", data_step)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    cfg = resolve_config("cpu-tiny", steps=2)
+    with pytest.raises(PlelabError, match="already holds a run"):
+        plelab.runs.train(cfg, run, progress=False)
+    if importlib.util.find_spec("tensorboard") is None:  # CI's environment has none
+        tb = resolve_config("cpu-tiny", ["train.tensorboard=true"], steps=2)
+        with pytest.raises(PlelabError, match="needs the tensorboard package"):
+            plelab.runs.train(tb, tmp_path / "tb", progress=False)
+    held = FolderLock.acquire(run)  # another process writing the folder (this one, as far as flock goes: a new fd)
+    try:
+        with pytest.raises(PlelabError, match="is in use by another plelab process"):
+            plelab.runs.train(cfg, run, resume=True, progress=False)
+    finally:
+        held.release()

@@ -27,7 +27,7 @@ from plelab.errors import PlelabError
 from plelab.integrations.hf import EXPORT_PLE_TRANSFORMERS, minor_version, refuse_attached
 from plelab.integrations.hf_model import MODEL_TYPE, classes, register, require_transformers
 from plelab.integrations.pretrained import from_pretrained
-from plelab.io import check_folder_target, ensure_dir, save_safetensors, temp_dir, write_failure
+from plelab.io import check_folder_target, ensure_dir, replace_synced, save_safetensors, temp_dir, write_failure
 from plelab.training.checkpoint import read_state
 from plelab.training.loading import checkpoint_of, load_for_eval, run_tokenizer_file
 
@@ -139,7 +139,7 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
         if diff is not None and not diff <= TOLERANCE:
             raise PlelabError(f"the exported model's logits differ from the run's by {diff:.2e} (> {TOLERANCE:g}); "
                               "this is a plelab bug — please report it with the run's config.json")
-        tmp.rename(out)
+        replace_synced(tmp, out)
     except Exception as err:  # a full disk, a quota: one line, and nothing left (a bug is raised as it is)
         why = write_failure(err)
         if why is None:

@@ -21,10 +21,12 @@ from plelab.data.pipeline import data_sources
 from plelab.diagnostics.live import LiveDiagnostics
 from plelab.distributed import init_distributed, shutdown
 from plelab.integrations import hosts  # noqa: F401  (registers the HF and factory trunks)
+from plelab.locks import RUN_LOCK, FolderLock
 from plelab.runtime import resolve_device
 from plelab.training import text_task  # noqa: F401  (registers the text kind)
+from plelab.training.metrics import MetricSinks
 from plelab.training.task import Observer, Task, task_kind
-from plelab.training.trainer import Trainer, TrainResult
+from plelab.training.trainer import Trainer, TrainResult, check_new_run
 
 
 def _trains_bpe(cfg: RunConfig) -> bool:
@@ -69,6 +71,24 @@ def default_observers(task: Task) -> list[Observer]:
     return [LiveDiagnostics(task)] if task.cfg.ple.enabled else []
 
 
+def check_start(cfg: RunConfig, out_dir: str | Path | None, resume: bool) -> None:
+    """What refuses a run before its data step (which can take minutes): a new run into a folder that holds one, a
+    folder another plelab process is writing, an optional metrics sink that is not installed. The trainer checks them
+    again when it opens the folder (under its lock)."""
+    MetricSinks.check_available(cfg.train)
+    if out_dir is None:
+        return
+    run = Path(out_dir)
+    check_new_run(run, resume)
+    if (run / RUN_LOCK).exists():  # FolderBusy names the holder; a stale file of a dead one is taken and let go
+        try:
+            lock = FolderLock.acquire(run)
+        except OSError:
+            return  # unwritable: the trainer says so when it opens the folder
+        if lock is not None:
+            lock.release()
+
+
 def make_trainer(cfg: RunConfig, data, out_dir: str | Path | None = None, *, resume: bool = False,
                  progress: bool = True, log=print, observers: Sequence[Observer] = ()) -> Trainer:
     """A :class:`~plelab.training.trainer.Trainer` for ``cfg`` on ``data`` with the default observers (then yours)."""
@@ -84,6 +104,7 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, *, data=None, resum
     process calls it."""
     cfg.validate()
     check_budget(cfg)
+    check_start(cfg, out_dir, resume)
     dist = init_distributed(resolve_device(cfg.train.device).type)
     say = log if dist.is_main else (lambda *a, **k: None)
     ok = False
@@ -105,5 +126,5 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, *, data=None, resum
         shutdown(dist, ok)
 
 
-__all__ = ["check_budget", "default_observers", "describe_data", "make_task", "make_trainer", "prepare_data", "train",
-           "warm_caches"]
+__all__ = ["check_budget", "check_start", "default_observers", "describe_data", "make_task", "make_trainer",
+           "prepare_data", "train", "warm_caches"]

@@ -64,6 +64,14 @@ class TrainResult:
         return self.val_history[-1][1]
 
 
+def check_new_run(run: Path, resume: bool) -> None:
+    """Refuse to start a new run (``resume`` False) in a folder that already holds one."""
+    held = [n for n in ("config.json", "metrics.jsonl", "checkpoints") if (run / n).exists()]
+    if held and not resume:
+        raise PlelabError(f"{run} already holds a run ({held[0]}); pass --resume to continue it, or choose another "
+                          "--out")
+
+
 class Trainer:
     """Runs ``task`` to ``task.cfg.train.steps`` (the task's resolved config is the run's config)."""
 
@@ -165,10 +173,7 @@ class Trainer:
     def _open_run(self, resume: bool) -> None:
         """Check everything first (every rank, nothing written), then rank 0 writes."""
         run, main = self.run_dir, self.dist.is_main
-        held = [n for n in ("config.json", "metrics.jsonl", "checkpoints") if (run / n).exists()]
-        if held and not resume:
-            raise PlelabError(f"{run} already holds a run ({held[0]}); pass --resume to continue it, "
-                              "or choose another --out")
+        check_new_run(run, resume)
         latest = ckpt.latest_intact(run, self.log) if resume else None
         state = ckpt.read_state(latest) if latest is not None else None
         if state is not None:
@@ -204,10 +209,10 @@ class Trainer:
                 run.mkdir(parents=True, exist_ok=True)
                 if self.lock is None:  # a folder made just now (or unlockable at the start): locked before writing
                     self.lock = FolderLock.acquire(run)
-                    held = [n for n in ("config.json", "metrics.jsonl", "checkpoints") if (run / n).exists()]
-                    if held and not resume:  # another new run took the folder meanwhile
-                        raise FolderBusy(f"{run} already holds a run ({held[0]}); pass --resume to continue it, "
-                                         "or choose another --out")
+                    try:  # another new run took the folder meanwhile
+                        check_new_run(run, resume)
+                    except PlelabError as err:
+                        raise FolderBusy(str(err)) from None
                 write_json(run / "config.json", self.cfg.to_dict())
                 for name, text in self.task.run_files().items():
                     atomic_write(run / name, lambda p, text=text: p.write_text(text))
