@@ -43,6 +43,7 @@ def test_gemma3n_ple_sizes(preset, table, total):
     assert a.groups["ple_table"] == table and a.added == total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset, gate, tied", itertools.product(list(PRESETS), ["gemma", "scalar", "vector", "none"],
                                                                  [True, False]))
 def test_model_counts_equal_closed_form(preset, gate, tied):

@@ -106,6 +106,7 @@ def test_a_legacy_sweep_says_its_plan_came_after_its_runs(tmp_path):
     assert not status["before_runs"] and "1 of 2 runs record its hash" in status["text"]
 
 
+@pytest.mark.slow
 def test_a_study_report_states_its_plan_and_a_posthoc_margin_is_labelled_apart(tmp_path, capsys):
     root = tmp_path / "dpc"
     shutil.copytree(STUDIES / "dp32-confirm", root)
@@ -181,6 +182,7 @@ def test_the_committed_long_study_labels_are_rechecked_on_own_errors():
         assert c.own_error["label"] == stats.INCONCLUSIVE and c.label == stats.INCONCLUSIVE
 
 
+@pytest.mark.slow
 def test_a_preregistered_study_freezes_its_design_and_says_it_in_plan_md(tmp_path, monkeypatch, capsys):
     from plelab.sweeps import preregister as prereg
 

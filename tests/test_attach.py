@@ -16,6 +16,7 @@ def test_the_tested_families_are_the_supported_ones():
     assert set(SUPPORTED_MODEL_TYPES) == {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gpt_neox"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", SUPPORTED_MODEL_TYPES)
 @pytest.mark.parametrize("gate", ["gemma", "scalar", "none"])
 def test_function_preserving_start_and_every_ple_tensor_trains(kind, gate):

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from hf_models import batch, tiny_host
 
@@ -43,6 +44,7 @@ def test_plain_from_pretrained_loads_an_attached_folder_with_ple(tmp_path):
     assert json.loads((tmp_path / "m2" / "config.json").read_text())["model_type"] == ATTACHED_TYPE
 
 
+@pytest.mark.slow
 def test_without_plelab_transformers_refuses_the_folder(tmp_path):
     _attached_with_a_live_branch().save_pretrained(tmp_path / "m")
     code = ("import sys, transformers\n"

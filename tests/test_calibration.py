@@ -237,6 +237,7 @@ def quick(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
     result = json.loads((quick / "calibration.json").read_text())
     b = result["benchmark"]
@@ -310,6 +311,7 @@ def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
         assert f"LEARNED on the {name} half of the rows only" in report
 
 
+@pytest.mark.slow
 def test_quick_calibration_resumes_and_refuses_what_it_cannot_honour(quick, capsys, tmp_path):
     assert main(["calibrate", "--quick", "--out", str(quick), "--no-progress", "--json"]) == 0
     assert "0 to run" in capsys.readouterr().out  # every run kept: nothing retrained

@@ -40,6 +40,7 @@ def reference(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["after_step:27", "mid_checkpoint:30"])
 def test_kill_9_then_resume_is_bit_identical(reference, tmp_path, fault):
     out = tmp_path / "run"
@@ -63,6 +64,7 @@ def test_kill_9_then_resume_is_bit_identical(reference, tmp_path, fault):
     assert summary["steps"] == 45 and summary["tokens_seen"] == 45 * 8 * 64
 
 
+@pytest.mark.slow
 def test_checkpoint_uses_hf_names_and_no_pickle(reference):
     ckpt = list_checkpoints(reference)[-1]
     assert sorted(p.name for p in ckpt.iterdir()) == ["diagnostics.json", "model.safetensors", "optimizer.safetensors",
@@ -80,6 +82,7 @@ def _copy_run(reference: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow
 def test_existing_run_is_never_overwritten(reference, capsys):
     before = (reference / "metrics.jsonl").read_bytes()
     assert main([*TRAIN, "--out", str(reference)]) == 2
@@ -87,6 +90,7 @@ def test_existing_run_is_never_overwritten(reference, capsys):
     assert (reference / "metrics.jsonl").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_damaged_checkpoints_give_one_line_errors(reference, tmp_path, capsys):
     run = _copy_run(reference, tmp_path / "trunc")
     latest = list_checkpoints(run)[-1] / "model.safetensors"
@@ -107,6 +111,7 @@ def test_damaged_checkpoints_give_one_line_errors(reference, tmp_path, capsys):
     assert "expected plelab-checkpoint-v1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_with_another_config_is_refused(reference, tmp_path, capsys):
     run = _copy_run(reference, tmp_path / "other")
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
@@ -123,6 +128,7 @@ def test_resume_with_another_config_is_refused(reference, tmp_path, capsys):
     assert "differs from the run's preset" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_loading_weights_of_another_shape_is_refused(reference, tmp_path):
     from plelab.config import resolve_config
     from plelab.errors import PlelabError
@@ -150,6 +156,7 @@ def test_finished_run_and_end_only_checkpoints(tmp_path, capsys):
     assert "--out is empty" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_partial_last_metrics_line_is_dropped_on_resume(reference, tmp_path):
     run = _copy_run(reference, tmp_path / "partial")
     import shutil

@@ -53,6 +53,7 @@ def test_bad_input_is_one_line_exit_2(argv, needle, capsys):
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_console_entry_point_exit_code_and_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "plelab", "params", "--set", "model.vocab_size=1"],
                           capture_output=True, text=True)
@@ -74,6 +75,7 @@ def test_unforeseen_file_system_error_is_one_line(monkeypatch, capsys):
                    "and the free disk space, then rerun (finished work is kept)\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["config"], ["params", "--dp", "0,64"]])
 def test_a_closed_pipe_ends_the_output_quietly(argv):
     """``plelab config | head -1``: the reader goes before plelab has written everything — here before it writes

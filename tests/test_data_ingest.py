@@ -247,6 +247,7 @@ def test_tokenizer_sample_is_bounded_drawn_from_everywhere_and_the_whole_of_a_sm
     assert set(hash_sample(iter(docs), 2_500)) <= set(part)  # a smaller sample is part of a larger one
 
 
+@pytest.mark.slow
 def test_an_interrupted_ingest_restarts_cleanly(tmp_path):
     path = tmp_path / "big.txt"
     path.write_text("\n\n".join(_texts(9_000)))  # > 1 batch of text (BATCH_CHARS): killed after the first
@@ -276,6 +277,7 @@ def test_stream_rejects_what_it_cannot_read():
         TokenStream([np.arange(4)])[1]
 
 
+@pytest.mark.slow
 def test_two_processes_ingesting_one_corpus_build_it_once(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in _texts(3_000)))

@@ -84,6 +84,7 @@ def full(p):
             "--data", p / "val.txt", "--tokenizer", p / "tokenizer.json", "--seq-len", "32", "--windows", "128"]
 
 
+@pytest.mark.slow
 def test_the_full_verdict_on_a_foreign_pair_learned_and_used_and_not_for_iid_ids(pairs, tmp_path):
     real, null = pairs
     reps = [diagnose_json(tmp_path / p.name, *full(p)) for p in (real, null)]
@@ -100,6 +101,7 @@ def test_the_full_verdict_on_a_foreign_pair_learned_and_used_and_not_for_iid_ids
     assert reps[1]["table"]["verdict"]["use"] != "USED", reps[1]["table"]["verdict"]
 
 
+@pytest.mark.slow
 def test_without_init_it_compares_wt_and_says_so(pairs, tmp_path):
     real, _ = pairs
     # folders saved after plelab.attach record the init's seed: W_0 is regenerated, the basis is Δ
@@ -143,6 +145,7 @@ def gemma_folder(layout: str, folder) -> None:
     word_tokenizer().save(str(folder / "tokenizer.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["gemma4-bf16", "gemma4-sharded", "gemma4-multimodal", "gemma3n-text"])
 def test_the_use_test_runs_through_transformers_on_gemma_folders(pairs, tmp_path, layout):
     real, _ = pairs
@@ -167,6 +170,7 @@ def test_the_use_test_runs_through_transformers_on_gemma_folders(pairs, tmp_path
     assert any("no --init, so no reset-to-W_0" in n for n in rep["notes"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, needle", [
     (["--init", "{real}/s0-init"], "--init and --reference-init go together"),
     (["--init", "{real}/s0-init", "--reference-init", "{small}"], "has a table of shape"),
@@ -189,6 +193,7 @@ def test_bad_foreign_comparisons_are_refused(pairs, tmp_path, capsys, extra, nee
     assert needle in err and err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 def test_a_reference_with_other_rows_is_refused(pairs, tmp_path, capsys):
     real, _ = pairs
     other = tmp_path / "other"

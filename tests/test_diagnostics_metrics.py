@@ -32,6 +32,7 @@ def test_random_matrices_match_their_nulls(n, d):
     assert s.mean_abs_cos == pytest.approx(math.sqrt(2 / (math.pi * d)), rel=0.05)
 
 
+@pytest.mark.slow
 def test_reference_table_values():
     # visual_tokenizers_and_diagnostics.md §4.6: N=4096, d=256 -> erank 253.9, PC1 0.0061
     s = gaussian_null(4096, 256, seed=0)

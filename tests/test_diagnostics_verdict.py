@@ -34,6 +34,7 @@ def runs(tmp_path_factory, tiny_data):
     return out
 
 
+@pytest.mark.slow
 def test_text_ple_is_learned_and_used(runs):
     rep = diagnose(runs["token", 0], reference=runs["token", 1], progress=False)
     v = rep["table"]["verdict"]
@@ -44,6 +45,7 @@ def test_text_ple_is_learned_and_used(runs):
     assert pred["is_prediction_target"] and pred["val_gain_nats"] > 0.005 and pred["mean_row_grad_norm"] > 0
 
 
+@pytest.mark.slow
 def test_iid_ids_are_never_learned_used_or_benefit(runs):
     rep = diagnose(runs["iid", 0], reference=runs["iid", 1], progress=False)
     v = rep["table"]["verdict"]
@@ -60,6 +62,7 @@ def test_iid_ids_are_never_learned_used_or_benefit(runs):
     assert not pred["is_prediction_target"] and pred["val_gain_nats"] < 0.002 and pred["mean_row_grad_norm"] > 0
 
 
+@pytest.mark.slow
 def test_w_t_alone_cannot_tell_the_two_apart(runs):
     """The trap the seeds fell into: W_t's raw metrics look the same for both (and like init)."""
     token = diagnose(runs["token", 0], use=False, progress=False)
@@ -71,6 +74,7 @@ def test_w_t_alone_cannot_tell_the_two_apart(runs):
     assert token["table"]["verdict"]["structure"] == "UNDECIDED"  # no second seed given
 
 
+@pytest.mark.slow
 def test_live_and_checkpoint_diagnostics_were_written(runs):
     run = runs["token", 0]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -84,6 +88,7 @@ def test_live_and_checkpoint_diagnostics_were_written(runs):
     assert perm["delta"] > 0 and len(ck["layers"]) == 2
 
 
+@pytest.mark.slow
 def test_diagnose_cli_writes_json_and_plots(runs, tmp_path, capsys):
     assert main(["diagnose", str(runs["token", 0]), "--reference", str(runs["token", 1]), "--out", str(tmp_path),
                  "--no-progress"]) == 0
@@ -99,6 +104,7 @@ def test_diagnose_cli_writes_json_and_plots(runs, tmp_path, capsys):
     assert "change since init by occurrences" in out
 
 
+@pytest.mark.slow
 def test_diagnose_a_checkpoint_folder_with_a_null_run(runs, capsys):
     ckpt = runs["token", 0] / "checkpoints" / f"step-{STEPS:06d}"
     assert main(["diagnose", str(ckpt), "--null", str(runs["iid", 0]), "--no-use", "--no-progress"]) == 0

@@ -37,6 +37,7 @@ def single(tmp_path_factory):
     return _launch(tmp_path_factory.mktemp("one") / "run", 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_processes_match_one_process(single, tmp_path, mode):
     two = _launch(tmp_path / "run", 2, "--set", f"train.parallel={mode}")
@@ -52,6 +53,7 @@ def test_two_processes_match_one_process(single, tmp_path, mode):
     assert (last / ("model.safetensors" if mode == "ddp" else "sharded")).exists()
 
 
+@pytest.mark.slow
 def test_ddp_killed_then_resumed_follows_the_same_curve(single, tmp_path):
     out = tmp_path / "run"
     _launch(out, 2, "--set", "train.checkpoint_every=3", fault="after_step:5")  # both ranks SIGKILLed
@@ -61,6 +63,7 @@ def test_ddp_killed_then_resumed_follows_the_same_curve(single, tmp_path):
     assert [r["step"] for r in resumed] == list(range(1, 7))
 
 
+@pytest.mark.slow
 def test_ddp_row_sparse_table_matches_one_process(tmp_path):
     """The row-sparse table is left out of DDP and its rows are averaged by all-gather (train.sparse)."""
     sparse = ("--table-optimizer", "row-sparse", "--set", "train.diag_every=3")

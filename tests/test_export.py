@@ -50,6 +50,7 @@ def test_the_kv_cache_gives_the_full_forward_logits(tiny_cfg):
     assert torch.equal(greedy, seq[:, 3:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, arch", [("base", "LlamaForCausalLM"), ("untied", "LlamaForCausalLM"),
                                         ("ple", "PlelabForCausalLM")])
 def test_export_round_trips_logits_generate_and_tokenizer(runs, tmp_path, capsys, name, arch):
@@ -78,6 +79,7 @@ def test_export_round_trips_logits_generate_and_tokenizer(runs, tmp_path, capsys
     assert torch.equal(theirs[:, prompt["input_ids"].shape[1]:], mine)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not PLE_EXPORTS, reason=f"transformers {transformers.__version__} cannot load a PLE export")
 def test_a_ple_export_loads_after_import_plelab_in_a_fresh_process(runs, tmp_path):
     out = tmp_path / "hf"
@@ -94,6 +96,7 @@ def test_a_ple_export_loads_after_import_plelab_in_a_fresh_process(runs, tmp_pat
     assert done.stdout.split() == ["PlelabForCausalLM", "3"]
 
 
+@pytest.mark.slow
 def test_plelab_generate_is_seeded_and_greedy_matches_python(runs, capsys):
     argv = ["generate", str(runs / "ple"), "--prompt", "The table", "--max-new-tokens", "6", "--seed", "3"]
     outs = []
@@ -106,6 +109,7 @@ def test_plelab_generate_is_seeded_and_greedy_matches_python(runs, capsys):
     assert greedy == "The table" + plelab.generate_text(runs / "ple", "The table", 6, temperature=0) + "\n"
 
 
+@pytest.mark.slow
 def test_export_refuses_a_null_control_run_and_an_existing_folder(runs, tmp_path, capsys):
     cfg = plelab.resolve_config("cpu-tiny", ["ple.dim=8", "ple.ids=iid", "train.steps=2"])
     plelab.train(cfg, tmp_path / "iid", progress=False)

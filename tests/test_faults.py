@@ -130,6 +130,7 @@ def _progress(root: Path) -> int:
     return total
 
 
+@pytest.mark.slow
 def test_sweep_killed_at_random_points_three_times_runs_everything_once(tmp_path, tiny_data):
     """Three kills (the sweep and its workers, like a lost node), each at a random point of the remaining work:
     a random number of recorded steps past the last kill, plus a random delay up to half a second."""
@@ -180,6 +181,7 @@ def _workers_of(root: Path) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads the process table from /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_sweep_stopped_by_a_signal_stops_its_workers_and_says_how_to_resume(tmp_path, tiny_data, sig):

@@ -42,6 +42,7 @@ def test_the_helpers_follow_the_umask(tmp_path, umask_027):
     assert stat.S_IMODE(d.stat().st_mode) == 0o750
 
 
+@pytest.mark.slow
 def test_a_run_its_checkpoints_report_and_cache_are_readable_as_the_umask_says(tmp_path, monkeypatch, umask_027):
     monkeypatch.setenv("PLELAB_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"

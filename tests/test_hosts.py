@@ -134,6 +134,7 @@ def test_hf_trunk_is_attach_with_the_runs_w0(llama):
     assert not PLEModules(zero).table.any() and not PLEModules(zero).table.requires_grad
 
 
+@pytest.mark.slow
 def test_sweep_on_an_hf_trunk_gives_a_report_and_advise_json(llama, tmp_path, capsys):
     out = tmp_path / "sw"
     args = ["sweep", "--preset", "cpu-tiny", "--hf-config", str(llama), "--dp", "0,8", "--seeds", "2", "--steps", "16",
@@ -155,12 +156,14 @@ def test_sweep_on_an_hf_trunk_gives_a_report_and_advise_json(llama, tmp_path, ca
     assert plelab.diagnose(next((out / "runs").glob("dp8/seed-0")), progress=False)["table"]["verdict"]
 
 
+@pytest.mark.slow
 def test_iid_control_on_an_hf_trunk_trains(llama, tmp_path):
     cfg = resolve_config("cpu-tiny", [f"model.hf_config={llama}", "ple.ids=iid", *SHORT], dp=8)
     result = plelab.train(cfg, tmp_path / "iid", progress=False, log=lambda *a: None)
     assert result.final_val_loss < 6.3  # ln 512 = 6.24 at the start: it trained
 
 
+@pytest.mark.slow
 def test_factory_trunk_trains_and_is_checked(factory_module, tmp_path):
     cfg = resolve_config("cpu-tiny", [f"model.factory={factory_module}:build", *SHORT], dp=8)
     result = plelab.train(cfg, tmp_path / "f8", progress=False, log=lambda *a: None)
@@ -203,6 +206,7 @@ def test_factory_refuses_the_iid_control(factory_module, tmp_path):
         plelab.train(cfg, tmp_path / "r", progress=False, log=lambda *a: None)
 
 
+@pytest.mark.slow
 def test_eval_and_export_name_what_reads_a_host_run(llama, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--preset", "cpu-tiny", "--hf-config", str(llama), "--dp", "8", "--out", str(run),

@@ -33,6 +33,7 @@ def test_the_search_has_one_representative_per_group_and_refuses_the_studys_seed
         lr_spec(study, [0.5, 1], [1000], at_dp=5)
 
 
+@pytest.mark.slow
 def test_the_chosen_rates_reach_every_arm_of_the_study_and_stay_on_resume(tmp_path, capsys):
     search, study = tmp_path / "lr", tmp_path / "study"
     assert main(["lr-search", *STUDY, "--lr-mults", "0.5,1,4", "--search-seeds", "1000", "--out", str(search),

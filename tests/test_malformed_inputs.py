@@ -504,6 +504,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_malformed_input(case, work, capsys):
     build, needle = CASES[case]

@@ -157,6 +157,7 @@ def test_monitor_refuses_in_one_line(case, tmp_path):
     assert not any(tmp_path.iterdir())  # refused before writing anything
 
 
+@pytest.mark.slow
 def test_under_ddp_rank_0_writes_and_counts_are_summed(tmp_path):
     import os
     import shutil

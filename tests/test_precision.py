@@ -114,6 +114,7 @@ def test_the_probe_runs_once_per_machine_thread_count_and_shape(monkeypatch, tmp
     assert len(calls) == 3  # another thread count
 
 
+@pytest.mark.slow
 def test_a_run_records_its_resolution_and_a_resume_never_probes_again(monkeypatch, tmp_path, tiny_data, capsys):
     monkeypatch.setenv("PLELAB_CACHE", str(tmp_path / "cache"))  # the mocked probe's verdict stays in this test
     _flags(monkeypatch, ["amx_bf16"])
@@ -171,6 +172,7 @@ def _rows(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in ("tokens_per_second", "mfu")} for r in rows]
 
 
+@pytest.mark.slow
 def test_bf16_training_is_deterministic_and_a_kill_9_resume_is_bit_identical(tmp_path):
     ref = tmp_path / "ref"
     assert _run(ref).returncode == 0

@@ -42,6 +42,7 @@ def test_the_pages_have_python_snippets():
     assert (ROOT / "docs" / "ple.md").exists() and len(PAGES) >= 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label, code", PYTHON, ids=[label.replace(" ", "-") for label, _ in PYTHON])
 def test_snippet_runs(label, code, tmp_path, monkeypatch):
     if re.search(r"^import lightning|^from lightning", code, flags=re.M):

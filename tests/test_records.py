@@ -26,6 +26,7 @@ def _without_structure(res) -> dict:
                   for s, r in by_seed.items()} for arm, by_seed in res.runs.items()}
 
 
+@pytest.mark.slow
 def test_a_packed_sweep_reads_back_the_same_results_and_never_reruns(sweep_dir, tmp_path):
     arms = [a.name for a in load_spec(sweep_dir).runnable()]
     n = 2 * len(arms)
@@ -62,6 +63,7 @@ def test_a_packed_sweep_reads_back_the_same_results_and_never_reruns(sweep_dir, 
     assert [p for p in points(dest) if p[-1] < 2] == points(sweep_dir)  # the fit reads records where folders are gone
 
 
+@pytest.mark.slow
 def test_pack_a_sweep_that_predates_records(sweep_dir, tmp_path):
     old = tmp_path / "old"
     shutil.copytree(sweep_dir, old)
@@ -72,6 +74,7 @@ def test_pack_a_sweep_that_predates_records(sweep_dir, tmp_path):
     assert _without_structure(collect(tmp_path / "out")) == _without_structure(collect(sweep_dir))
 
 
+@pytest.mark.slow
 def test_damaged_records_and_bad_pack_targets_are_one_line_errors(sweep_dir, tmp_path, capsys):
     dest = tmp_path / "carried"
     pack(sweep_dir, dest)

@@ -42,6 +42,7 @@ def runs(tmp_path_factory, tiny_data):
     return out
 
 
+@pytest.mark.slow
 def test_a_reference_run_is_read_at_the_diagnosed_step_not_its_latest(runs):
     rep = diagnose(runs["a"], reference=runs["b"], use=False, progress=False)
     assert rep["step"] == 8 and rep["compared_with"]["--reference"]["step"] == 8
@@ -50,6 +51,7 @@ def test_a_reference_run_is_read_at_the_diagnosed_step_not_its_latest(runs):
     assert rep["table"]["cross_seed"]["cka"] > 0
 
 
+@pytest.mark.slow
 def test_the_nearest_step_is_used_and_said_when_the_same_is_missing(runs, capsys):
     rep = diagnose(runs["a"] / "checkpoints" / "step-000004", reference=runs["c"], use=False, progress=False)
     assert rep["step"] == 4 and rep["compared_with"]["--reference"]["step"] == 3
@@ -59,6 +61,7 @@ def test_the_nearest_step_is_used_and_said_when_the_same_is_missing(runs, capsys
     assert "the nearest, step 3, was compared" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("other, needle", [
     ("wide", "hidden size 64 vs 96"),
     ("bf16", "train.precision fp32 vs bf16"),
@@ -75,6 +78,7 @@ def test_a_reference_that_is_not_a_second_seed_is_refused_in_one_line(runs, caps
         plelab.diagnose(runs["a"], reference=runs[other], use=False, progress=False)
 
 
+@pytest.mark.slow
 def test_allow_mismatch_compares_and_says_what_differs(runs, capsys):
     rep = diagnose(runs["a"], reference=runs["wide"], use=False, progress=False, allow_mismatch=True)
     assert any(n.startswith("--allow-mismatch: --reference") and "hidden size 64 vs 96" in n for n in rep["notes"])
@@ -87,11 +91,13 @@ def test_allow_mismatch_compares_and_says_what_differs(runs, capsys):
     assert "table shape [512, 2, 16] vs [512, 2, 8]" in out
 
 
+@pytest.mark.slow
 def test_allow_mismatch_without_a_comparison_is_refused(runs):
     with pytest.raises(PlelabError, match="--allow-mismatch"):
         diagnose(runs["a"], use=False, progress=False, allow_mismatch=True)
 
 
+@pytest.mark.slow
 def test_a_null_run_of_another_precision_is_refused_too(runs):
     with pytest.raises(PlelabError, match="--null .* is not a matched null run.*train.precision"):
         diagnose(runs["a"], null_run=runs["bf16"], use=False, progress=False)

@@ -133,6 +133,7 @@ def _wait(what: str, until, seconds: float = 120) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads the process table from /proc")
 def test_a_sweep_killed_with_kill_9_leaves_no_worker_training_and_its_rerun_cannot_write_with_them(
         tmp_path, tiny_data, capsys):

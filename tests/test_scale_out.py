@@ -70,6 +70,7 @@ def test_blocked_init_draws_any_rows_exactly(monkeypatch):
         init.initial_normal("w", (50, 6), 2, 0.02, rows=(40, 51))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_sharded_init_equals_single_process_init(tmp_path, nproc):
     out = tmp_path / "init.json"
@@ -89,6 +90,7 @@ def single(tmp_path_factory):
     return _losses(out)
 
 
+@pytest.mark.slow
 def test_sharded_checkpoint_resumes_at_other_world_sizes(single, tmp_path, capsys):
     two = tmp_path / "two"  # 2 processes with activation checkpointing, killed after step 4 (checkpoint at 3)
     killed = _train(two, 2, "--set", "train.activation_checkpointing=true", fault="after_step:4")

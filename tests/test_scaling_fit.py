@@ -41,6 +41,7 @@ def synthetic_fit():
     return fit_study(_synthetic(), boots=100, predict=[(2.5e9, 4e11), (1.5e7, 1e8)])
 
 
+@pytest.mark.slow
 def test_known_law_and_multiplier_are_recovered_within_their_intervals(synthetic_fit):
     r = synthetic_fit
     for name, value in TRUE.to_dict().items():
@@ -84,6 +85,7 @@ def base_overrides() -> list[str]:
             "train.batch_size=4", "train.warmup_steps=2"]
 
 
+@pytest.mark.slow
 def test_plelab_fit_on_real_tiny_runs(tmp_path, capsys):
     data = prepare_token_data(resolve_config("cpu-tiny", base_overrides()), progress=False)
     quiet = {"data": data, "progress": False, "log": lambda *a, **k: None}

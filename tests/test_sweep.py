@@ -101,6 +101,7 @@ def test_trunk_controls_spend_what_ple_adds_on_a_wider_ffn():
             assert spec.arm(name).reference == "dp32"
 
 
+@pytest.mark.slow
 def test_frozen_table_is_not_trained(sweep_dir):
     from safetensors.torch import load_file
 
@@ -113,6 +114,7 @@ def test_frozen_table_is_not_trained(sweep_dir):
     assert (run / "checkpoints" / "step-000010").is_dir()  # the early checkpoint is kept
 
 
+@pytest.mark.slow
 def test_sweep_results_report_and_advise(sweep_dir, capsys):
     assert main(["report", str(sweep_dir)]) == 0
     rep = sweep_dir / "report"
@@ -156,6 +158,7 @@ def test_sweep_results_report_and_advise(sweep_dir, capsys):
     assert "refusing to extrapolate" in err and "model.hidden_size" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_the_real_sweeps_findings_map_to_their_sources(sweep_dir):
     from test_sweep_stats import check_findings_map_to_their_sources
 
@@ -166,6 +169,7 @@ def test_the_real_sweeps_findings_map_to_their_sources(sweep_dir):
     assert check_findings_map_to_their_sources(res, analyse(res), regime(res)) >= 5
 
 
+@pytest.mark.slow
 def test_plan_sizes_a_confirmatory_sweep_on_fresh_seeds(sweep_dir, capsys):
     from plelab.stats.planning import plan
 
@@ -199,6 +203,7 @@ def test_plan_sizes_a_confirmatory_sweep_on_fresh_seeds(sweep_dir, capsys):
     assert "not both" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("google-chrome") is None,
                     reason="headless Chromium not installed (apt-get install chromium)")
 def test_report_renders_in_headless_chromium(sweep_dir, tmp_path):
@@ -215,6 +220,7 @@ def test_report_renders_in_headless_chromium(sweep_dir, tmp_path):
     assert proc.returncode == 1 and "BLANK" in proc.stdout
 
 
+@pytest.mark.slow
 def test_sweep_resumes_after_kill_and_never_redoes_a_run(tmp_path, tiny_data):
     root = tmp_path / "sw"
     cmd = [sys.executable, "-m", "plelab", "sweep", "--preset", "cpu-tiny", "--dp", "0,8", "--seeds", "2",
@@ -279,6 +285,7 @@ def test_emit_torchrun_and_slurm(tmp_path, capsys):
     assert states["dp8/seed-1"] == "done" and states["dp0/seed-0"] == "new"
 
 
+@pytest.mark.slow
 def test_emit_multi_node(tmp_path, capsys):
     """--nodes N: a Slurm array of N-node runs, and torchrun lines whose c10d rendezvous really starts a run."""
     root = tmp_path / "m"
@@ -340,6 +347,7 @@ def test_report_needs_the_baseline(tmp_path, capsys):
     assert "baseline dp0 has no finished run" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_demo_quick_writes_the_report(tmp_path, capsys, tiny_data):
     assert main(["demo", "--quick", "--out", str(tmp_path / "d"), "--no-progress", "--jobs", "1",
                  "--precision", "fp32"]) == 0

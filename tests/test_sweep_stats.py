@@ -338,6 +338,7 @@ def test_the_long_profile_trains_past_20_tokens_per_trunk_parameter_on_the_packa
     assert gates == {"ple.gate=scalar"}  # the rest keep Gemma's gate
 
 
+@pytest.mark.slow
 def test_fit_ladder_adds_every_rung_but_the_studys_own(tmp_path):
     from plelab.demo import PROFILES
     from plelab.errors import ConfigError

@@ -60,6 +60,7 @@ def test_optimizer_groups_partition_and_table_settings(tiny_cfg):
     assert lr_multiplier(tiny_cfg.train.steps, tiny_cfg.train) == pytest.approx(tiny_cfg.train.min_lr_ratio)
 
 
+@pytest.mark.slow
 def test_training_is_deterministic_and_learns(tiny_data, tmp_path):
     cfg = resolve_config("cpu-tiny", steps=40)
     a = train(cfg, tmp_path / "a", data=tiny_data, progress=False)

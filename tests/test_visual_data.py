@@ -194,6 +194,7 @@ def test_feature_kmeans_on_an_encoder_that_sees_colour(scenes):
         FeatureKMeans(8, lambda im: torch.zeros(len(im), 3, 4)).fit(train)
 
 
+@pytest.mark.slow
 def test_visual_ids_command(tmp_path, capsys):
     from plelab.cli import main
 

@@ -94,6 +94,7 @@ VIS = ["visual.enabled=true", "visual.scenes=300", "visual.val_scenes=40", "visu
        "train.batch_size=16", "train.eval_every=10", "train.diag_every=5", "train.warmup_steps=5"]
 
 
+@pytest.mark.slow
 def test_training_with_the_visual_loss_and_its_config_checks():
     cfg = resolve_config("cpu-tiny", [*VIS, "visual.ids=oracle", "visual.loss_weight=1"], dp=8, steps=30)
     trainer = VisualTrainer(cfg, prepare_visual(cfg), progress=False, log=lambda *x: None)
@@ -116,6 +117,7 @@ def test_training_with_the_visual_loss_and_its_config_checks():
         VisualTrainer(cfg, prepare_visual(cfg), progress=False, log=lambda *x: None).fit()  # param groups cover
 
 
+@pytest.mark.slow
 def test_fix_design_runs_and_reports_the_2x2(tmp_path, capsys):
     out = tmp_path / "fix"
     assert main(["visual-study", "--quick", "--design", "fix", "--methods", "none,oracle", "--lambdas", "1",
@@ -156,6 +158,7 @@ def test_fix_design_families_hold_one_arm_per_tokenizer():
     assert len({a.name for a in arms}) == len(arms) == 1 + 5 + 5 * 3 * 2
 
 
+@pytest.mark.slow
 def test_ablation_design_withholds_features(tmp_path):
     out = tmp_path / "abl"
     assert main(["visual-study", "--quick", "--design", "ablation", "--methods", "none,oracle", "--seeds", "1",

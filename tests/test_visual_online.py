@@ -27,6 +27,7 @@ def _quiet(*_):
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["vq", "lfq", "bsq"])
 def test_online_and_frozen_arms_end_with_the_same_quantizer_and_only_online_flips(kind):
     online = VisualTrainer(_cfg(kind, True), prepare_visual(_cfg(kind, True)), progress=False, log=_quiet)
@@ -63,6 +64,7 @@ def test_quantizer_training_does_not_depend_on_the_thread_count():
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
 
 
+@pytest.mark.slow
 def test_an_online_run_resumes_exactly(tmp_path):
     extra = ["train.checkpoint_every=5"]
     data = prepare_visual(_cfg("vq", True, extra=extra))
@@ -93,6 +95,7 @@ def test_lfq_needs_a_power_of_two():
         resolve_config("cpu-tiny", [*VIS, "visual.ids=lfq", "visual.k=48"], dp=8)
 
 
+@pytest.mark.slow
 def test_visual_study_compares_online_with_frozen(tmp_path, capsys):
     out = tmp_path / "vs"
     assert main(["visual-study", "--quick", "--methods", "none,vq-online,vq-frozen", "--out", str(out),

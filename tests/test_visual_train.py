@@ -25,6 +25,7 @@ def _cfg(ids: str, steps: int = 20, seed: int = 0, extra=()):
     return resolve_config("cpu-tiny", [*VIS, f"visual.ids={ids}", *extra], dp=8, steps=steps, seed=seed)
 
 
+@pytest.mark.slow
 def test_visual_run_trains_resumes_and_reports(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["train", "--preset", "cpu-tiny", "--dp", "8", "--steps", "20", "--out", str(out), "--no-progress",
@@ -124,6 +125,7 @@ def test_feature_noise_degrades_only_the_lms_view(prepared):
         _cfg("oracle", extra=["visual.features=false", "visual.feature_noise=1"])
 
 
+@pytest.mark.slow
 def test_resumed_visual_run_matches_an_uninterrupted_one(prepared, tmp_path):
     cfg = _cfg("random", extra=["train.checkpoint_every=5"])
     whole = VisualTrainer(cfg, prepared["random"], tmp_path / "a", progress=False, log=lambda *x: None).fit()
@@ -153,6 +155,7 @@ def test_visual_config_cross_checks():
             resolve_config("cpu-tiny", ["visual.enabled=true", *extra], dp=0 if "dct" in extra[0] else 8)
 
 
+@pytest.mark.slow
 def test_visual_study_quick_on_the_sweep_engine(tmp_path, capsys):
     out = tmp_path / "vs"
     assert main(["visual-study", "--quick", "--methods", "none,random,oracle", "--out", str(out), "--no-progress"]) == 0
@@ -182,6 +185,7 @@ def test_visual_study_quick_on_the_sweep_engine(tmp_path, capsys):
     assert "including none" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_oracle_beats_random_ids_on_content_words_when_the_ids_are_the_only_view():
     """The positive control: with the continuous features withheld, a visual table keyed by the patch
     labels lowers the content-word loss far below one keyed by random IDs (measured: −0.35 and −0.30
