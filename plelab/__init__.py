@@ -52,8 +52,9 @@ _EXPORTS: dict[str, str] = {
     "generate": "plelab.model.generate", "KVCache": "plelab.model.generate",
     "consolidate_checkpoint": "plelab.training.checkpoint",
 }
-# packages that register kinds of run (and their studies) and trunks when imported: loaded before any verb is returned
-_PLUGINS = ("plelab.visual", "plelab.integrations.hosts")
+# packages that register trunks when imported: loaded before any verb is returned (kinds of run load themselves when a
+# config or a study names them: plelab.config.schema.KIND_MODULES)
+_PLUGINS = ("plelab.integrations.hosts",)
 # plelab's model for transformers' Auto classes: registered when transformers is imported (see the module doc)
 _HF_REGISTRATION = ("plelab.integrations.hf_model", "plelab.integrations.hf_attached")
 

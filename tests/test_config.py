@@ -98,7 +98,8 @@ def test_tagged_key_lists_equal_the_lists_kept_by_hand_before():
 
     # plelab/training/trainer.py's _RESUME_KEYS as it was written by hand, and train.precision (issue 17: a resume
     # keeps the precision its run resolved)
-    assert keys_tagged("resume") == ("seed", "model", "ple", "train.batch_size", "train.seq_len",
+    # and the kind of run (issue 55: RunConfig.kind, before it visual.enabled inside the visual section)
+    assert keys_tagged("resume") == ("kind", "seed", "model", "ple", "train.batch_size", "train.seq_len",
                                      "train.table_optimizer", "train.precision", "visual")
     # plelab/stats/advise.py's _MATCH as it was written by hand (model: every key), the data keys of issue 18 and
     # data.embedded (issue 25: which embedded corpus is another corpus)
@@ -107,11 +108,11 @@ def test_tagged_key_lists_equal_the_lists_kept_by_hand_before():
              ("train", ("steps", "batch_size", "seq_len", "lr", "table_lr", "table_lr_mult", "weight_decay",
                         "table_weight_decay", "warmup_steps", "min_lr_ratio")),
              ("data", ("path", "embedded", "mix", "tokenizer", "val_fraction", "tokenizer_sample_chars", "val_shard"))]
-    assert keys_tagged("advise") == tuple(s if keys is None else f"{s}.{k}" for s, keys in match for k in keys or [s])
+    assert keys_tagged("advise") == ("kind",) + tuple(s if keys is None else f"{s}.{k}" for s, keys in match for k in keys or [s])
     # plelab/sweeps/runner.py's data_key: all of data, model.vocab_size, visual minus table / injection / loss_weight
     visual = [f"visual.{f.name}" for f in dataclasses.fields(VisualConfig)
               if f.name not in ("table", "injection", "loss_weight")]
-    assert keys_tagged("sweep_data") == ("model.vocab_size", "data", *visual)
+    assert keys_tagged("sweep_data") == ("kind", "model.vocab_size", "data", *visual)
     # plelab/visual/data.py's ids_key: ids and k, and for quantizers online, quantizer_lr, quantizer_batch
     assert keys_tagged("visual_ids") == ("visual.ids", "visual.k")
     assert keys_tagged("quantizer_ids") == ("visual.online", "visual.quantizer_lr", "visual.quantizer_batch")

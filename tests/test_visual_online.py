@@ -77,6 +77,7 @@ def test_an_online_run_resumes_exactly(tmp_path):
         if part.step % 5 == 0:
             part.evaluate()
     part.save_checkpoint()  # killed right after step 7's checkpoint
+    part.release()  # its lock on the folder, as a killed process's goes
     rest = VisualTrainer(_cfg("vq", True, extra=extra), data, tmp_path / "b", resume=True, progress=False,
                          log=_quiet)
     assert rest.task.qt.steps == 7

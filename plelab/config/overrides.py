@@ -178,7 +178,17 @@ def _coerce(key: str, typ: Any, value: Any, from_text: bool) -> Any:
     raise ConfigError(f"config key {key!r} has unsupported type {typ!r}")
 
 
+# Keys an older config used, read as what replaced them: key -> (the new key, the old value -> the new value).
+LEGACY_KEYS = {"visual.enabled": ("kind", lambda on: "visual" if on else "text")}
+
+
 def set_value(cfg: Any, key: str, value: Any, from_text: bool = False) -> None:
+    if key in LEGACY_KEYS:
+        new, convert = LEGACY_KEYS[key]
+        on = _coerce(key, bool, value, from_text)
+        if on or getattr(cfg, new, None) == convert(True):  # visual.enabled=false only undoes a visual kind
+            set_value(cfg, new, convert(on))
+        return
     owner, attr, typ = _resolve(cfg, key)
     setattr(owner, attr, _coerce(key, typ, value, from_text))
 

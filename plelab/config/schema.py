@@ -22,7 +22,7 @@ from typing import Literal, get_args
 
 from plelab.config.checks import (_ADVISE, _ADVISE_PATH, _DATA, _PATH, _RESUME, _RESUME_ADVISE, _require,
                                   _require_choice)
-from plelab.config.overrides import load_dict
+from plelab.config.overrides import load_dict, tags
 from plelab.config.visual_schema import QUANTIZER_IDS, VISUAL_IDS, Injection, QuantizerIds, VisualConfig, VisualIds
 from plelab.errors import ConfigError
 
@@ -36,6 +36,9 @@ Precision = Literal["auto", "fp32", "bf16"]
 Parallel = Literal["ddp", "fsdp"]
 EmbeddedCorpus = Literal["stdlib", "packages"]
 GATE_KINDS: tuple[str, ...] = get_args(GateKind)
+# Kinds of run (RunConfig.kind) -> the package that registers each (plelab.training.task imports it on first use, so
+# that a config of one kind never loads another kind's package).
+KIND_MODULES = {"text": "plelab.training.text_task", "visual": "plelab.visual"}
 
 
 def _is_factory(text: str) -> bool:
@@ -315,6 +318,9 @@ class RunConfig:
     """Everything one run needs. Saved as ``RUN/config.json`` with every run."""
 
     preset: str = "cpu-tiny"
+    # What kind of run this is (plelab.training.task.Kind): "text" (a language model on text), or "visual" (visual
+    # PLE on image–caption pairs; older configs said visual.enabled=true, which still reads as this).
+    kind: str = field(default="text", metadata=tags("resume", "sweep_data", "advise"))
     seed: int = field(default=0, metadata=_RESUME)
     model: ModelConfig = field(default_factory=ModelConfig, metadata=_RESUME_ADVISE)
     ple: PLEConfig = field(default_factory=PLEConfig, metadata=_RESUME)
@@ -328,8 +334,9 @@ class RunConfig:
         self.ple.validate(self.model)
         self.train.validate()
         self.data.validate()
+        _require(self.kind in KIND_MODULES, "kind", self.kind, " | ".join(KIND_MODULES))
         self.visual.validate()
-        if self.visual.enabled:
+        if self.kind == "visual":
             _require(not self.visual.per_layer_table or self.ple.enabled, "visual.ids", self.visual.ids,
                      "none when ple.dim=0 (the visual table is a per-layer table: set ple.dim > 0, or "
                      "visual.table=false / visual.injection=layer0)")

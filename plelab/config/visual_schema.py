@@ -20,7 +20,7 @@ QUANTIZER_IDS: tuple[str, ...] = get_args(QuantizerIds)
 class VisualConfig:
     """Visual PLE runs: image–caption data, frozen patch encoder, visual IDs and the visual table.
 
-    With ``enabled`` the run trains :class:`plelab.visual.model.VisualPLEModel` on image–caption pairs
+    In a run of kind ``visual`` (``RunConfig.kind``) the run trains :class:`plelab.visual.model.VisualPLEModel` on image–caption pairs
     (the embedded scenes, or ``data``) with the caption loss; ``ids`` picks what keys the visual table
     (``none``: no visual table, the baseline; ``random``: i.i.d. draws from dct-kmeans's ID frequencies;
     ``oracle``: the scenes' patch labels; ``vq`` / ``lfq`` / ``bsq``: online quantizers of the patch
@@ -32,7 +32,6 @@ class VisualConfig:
     stream and frozen — it ends identical to the online one, so the two arms differ only by the flips.
     """
 
-    enabled: bool = field(default=False, metadata=_DATA)
     ids: VisualIds = field(default="none", metadata=tags("sweep_data", "visual_ids"))
     k: int = field(default=64, metadata=tags("sweep_data", "visual_ids"))
     scenes: int = field(default=4000, metadata=_DATA)

@@ -30,6 +30,7 @@ from plelab.integrations.pretrained import from_pretrained
 from plelab.io import check_folder_target, ensure_dir, replace_synced, save_safetensors, temp_dir, write_failure
 from plelab.training.checkpoint import read_state
 from plelab.training.loading import checkpoint_of, load_for_eval, run_tokenizer_file
+from plelab.training.task import task_kind
 
 TOLERANCE = 1e-5
 
@@ -100,8 +101,8 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
     check_folder_target(out, "export folder", "choose another OUT")
     ckpt = checkpoint_of(run)
     cfg = RunConfig.from_dict(read_state(ckpt, for_resume=False)["config"])
-    if cfg.visual.enabled:
-        raise PlelabError(f"{ckpt} is a visual run: export writes text models (its image path has no HF class)")
+    if not task_kind(cfg).exportable:
+        raise PlelabError(f"{ckpt} is a {cfg.kind} run: export writes text models (its model has no HF class)")
     if cfg.ple.enabled and cfg.ple.ids != "token":
         raise PlelabError(f"{ckpt} is a null-control run (ple.ids={cfg.ple.ids}): its table rows are keyed by random "
                           "draws, so the model means nothing outside plelab; export a run with ple.ids=token")

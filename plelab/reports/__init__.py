@@ -16,6 +16,7 @@ from plelab.reports.sweep import write_report
 from plelab.sweeps.lr_search import choose, write_choice
 from plelab.sweeps.results import collect
 from plelab.sweeps.spec import load_spec
+from plelab.training.task import load_kind
 
 
 def _lr_report(root: Path) -> list[Path]:
@@ -39,6 +40,7 @@ def report(sweep: str | Path, delta: float | None = None) -> list[Path]:
     spec = load_spec(root)
     if spec is None:
         return write_report(root)  # says in one line that this is not a sweep
+    load_kind(spec.kind)  # a study of another kind of run: its package registers its report
     if delta is not None:
         if spec.kind != "dp":
             raise PlelabError(f"--delta reads a dP study at another margin; {root} is a '{spec.kind}' sweep — drop "

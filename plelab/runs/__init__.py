@@ -4,7 +4,7 @@
 
     result = plelab.train(cfg, "runs/my-run")          # prepares the data, trains, writes the run folder
 
-A run's kind (``text``, or ``visual`` when ``visual.enabled``) is looked up in the task registry of
+A run's kind (``cfg.kind``: ``text`` or ``visual``) is looked up in the task registry of
 :mod:`plelab.training.task`; ``plelab.visual`` registers its kind when imported (``plelab.training`` and the CLI
 import it for you). The default observer of a run with a per-layer table is
 :class:`~plelab.diagnostics.live.LiveDiagnostics`; pass more with ``observers=``.
@@ -31,7 +31,7 @@ from plelab.training.trainer import Trainer, TrainResult, check_new_run
 
 def _trains_bpe(cfg: RunConfig) -> bool:
     """Whether preparing ``cfg``'s data trains a BPE (text data without ``data.tokenizer``, not a visual run)."""
-    return (not cfg.visual.enabled and cfg.data.tokenizer is None
+    return (task_kind(cfg).trains_bpe and cfg.data.tokenizer is None
             and any(src.kind != "tokens" for src, _ in data_sources(cfg.data)))
 
 

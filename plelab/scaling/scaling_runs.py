@@ -20,6 +20,7 @@ from plelab.errors import PlelabError
 from plelab.model.accounting import account
 from plelab.sweeps.records import SUFFIX, read_record
 from plelab.scaling.laws import BOOTSTRAPS, EXTRAPOLATION_LIMIT, Point, fit_study
+from plelab.training.task import task_kind
 
 BASELINE = "baseline"
 _NOT_ARM = ("dim", "vocab_size")  # a ladder scales these with the rung
@@ -67,8 +68,8 @@ def points_from_runs(paths: Sequence[str | Path], count: str = "non-embedding") 
         except (OSError, ValueError, KeyError, TypeError, PlelabError) as err:
             notes.append(f"skipped {run}: its summary is not a finished plelab run ({err})")
             continue
-        if cfg.visual.enabled:
-            notes.append(f"skipped {run}: a visual run (the fit reads text runs)")
+        if not task_kind(cfg).text_model:
+            notes.append(f"skipped {run}: a {cfg.kind} run (the fit reads text runs)")
             continue
         acc = account(cfg.model, cfg.ple, cfg.train.seq_len)
         n = acc.base - (acc.groups["embed_tokens"] + acc.groups.get("lm_head", 0) if count == "non-embedding" else 0)

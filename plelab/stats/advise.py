@@ -31,6 +31,10 @@ def _differences(measured: dict, target: dict) -> list[str]:
     (every other key is bookkeeping); a tagged section is compared key by key."""
     out = []
     for tagged in keys_tagged("advise"):
+        if not isinstance(measured.get(tagged, {}), dict):  # a top-level key (the kind of run)
+            if measured.get(tagged) != target.get(tagged):
+                out.append(f"{tagged} {target.get(tagged)!r} (measured: {measured.get(tagged)!r})")
+            continue
         section, _, name = tagged.partition(".")
         for key in [name] if name else measured[section]:
             if measured[section].get(key) != target[section].get(key):

@@ -37,6 +37,7 @@ from plelab.runtime import available_cores
 from plelab.sweeps.records import read_record
 from plelab.training.checkpoint import list_checkpoints
 from plelab.training.optim import build_optimizer
+from plelab.training.task import task_kind
 
 # Model FLOP/s one CPU thread sustains on the CPU-scale presets: the median 1-thread worker of the visual studies'
 # cpu-tiny runs on a 2-core AMD EPYC measured 26.6 GFLOP/s (123 runs; bench/sweep_rates.py; BENCHMARKS.md, "Sweep
@@ -214,7 +215,7 @@ class SweepClock:
 
     def _probeable(self, path: Path) -> bool:
         cfg = self.configs[path]
-        return not cfg.visual.enabled and cfg.train.precision in ("fp32", "auto")
+        return task_kind(cfg).text_model and cfg.train.precision in ("fp32", "auto")
 
     def _probed_median(self) -> float:
         return statistics.median(v[0] for v in self.probed.values())

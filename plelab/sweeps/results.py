@@ -26,6 +26,7 @@ from plelab.sweeps.records import (checkpoint_row_counts, read_checkpoint_diagno
                                    record_path)
 from plelab.sweeps.runner import RunJob, data_key, folder_done, jobs_of, run_config, run_state
 from plelab.sweeps.spec import SweepSpec, load_spec
+from plelab.training.task import load_kind
 
 SEED_TOKENS = 400e9  # the seed's training budget (400B tokens, V = 100,096)
 SEED_VOCAB = 100_096
@@ -247,6 +248,7 @@ def collect(root: str | Path, structure: bool = True) -> SweepResults:
         runs.setdefault(job.arm.name, {})[job.seed] = read_run(job, spec.last_k)
         if folder_done(job):  # the structure test reads the tables: a recorded run carries none
             by_arm.setdefault(job.arm.name, []).append(job)
+    load_kind(spec.kind)  # a study of another kind of run: its package registers its structure reader
     reader = _STRUCTURE_READERS.get(spec.kind) if structure else None
     if reader is not None:
         cache: dict = {}

@@ -35,7 +35,6 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from plelab.config import RunConfig, resolve_config
-from plelab.config.schema import QUANTIZER_IDS
 from plelab.errors import PlelabError
 from plelab.io import ensure_dir, write_json
 from plelab.locks import PARENT_ENV
@@ -47,6 +46,7 @@ from plelab.sweeps.eta import SweepClock, duration
 from plelab.sweeps.records import read_record, record_path, write_record
 from plelab.sweeps.spec import Arm, SweepSpec, run_dir, save_spec
 from plelab.training.run_precision import legacy_precision, recorded_precision, with_precision
+from plelab.training.task import task_kind
 
 
 @dataclass
@@ -123,13 +123,9 @@ def jobs_of(root: Path, spec: SweepSpec, study: str | None = None) -> list[RunJo
 
 def data_key(cfg: RunConfig) -> str:
     """Runs with equal keys share one prepared data set (tokenised corpus, or visual data and IDs)."""
-    visual = None
-    if cfg.visual.enabled:  # what the data depend on: not the table, its injection or the loss weight
-        visual = {k: v for k, v in cfg.visual.__dict__.items() if k not in ("table", "injection", "loss_weight")}
-        if cfg.visual.ids in QUANTIZER_IDS and not cfg.visual.online:
-            visual["pretrain_steps"] = cfg.train.steps  # the frozen quantizer is pretrained for train.steps
-    return json.dumps([cfg.data.__dict__, cfg.model.vocab_size if visual is None else None, visual], sort_keys=True,
-                      default=str)
+    kind = task_kind(cfg)
+    return json.dumps([cfg.kind, cfg.data.__dict__, cfg.model.vocab_size if kind.text_model else None,
+                       kind.data_key(cfg)], sort_keys=True, default=str)
 
 
 def folder_done(job: RunJob) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from plelab.config.overrides import get_value
 from plelab.config.schema import RunConfig
 from plelab.errors import ConfigError, PlelabError
 from plelab.model.init import initial_normal, table_init_std
@@ -77,7 +78,7 @@ _REFUSED = {
     "train.parallel": ("ddp", "FSDP2's sharded init is plelab's decoder's"),
     "train.activation_checkpointing": (False, "checkpointing is the trunk's own (turn it on in your model)"),
     "train.compile": (False, "compile your model in its factory instead"),
-    "visual.enabled": (False, "visual runs use plelab's decoder"),
+    "kind": ("text", "a kind of run other than text uses plelab's own model"),
 }
 
 
@@ -87,8 +88,7 @@ def check_host_options(cfg: RunConfig) -> None:
     if host == "plelab":
         return
     for key, (needed, why) in _REFUSED.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
+        value = get_value(cfg, key)
         if value != needed:
             raise ConfigError(f"{key}={value!r} cannot be honoured on a model.{_field(host)} trunk ({why}): "
                               f"set {key}={needed!r} (lowercase for booleans), or train plelab's own decoder")

@@ -22,6 +22,7 @@ from plelab.model.loading import check_tensors, header_specs, mmap_tensor
 from plelab.model.ple import TABLE_KEY
 from plelab.model.transformer import PLECausalLM
 from plelab.training.checkpoint import list_checkpoints, model_file, read_state
+from plelab.training.task import task_kind
 
 
 def checkpoint_of(path: str | Path) -> Path:
@@ -60,8 +61,8 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu",
     """
     ckpt = checkpoint_of(path)
     cfg = RunConfig.from_dict(read_state(ckpt, for_resume=False)["config"])
-    if cfg.visual.enabled:
-        raise PlelabError(f"{ckpt} is a visual run; load_for_eval reads text models")
+    if not task_kind(cfg).text_model:
+        raise PlelabError(f"{ckpt} is a {cfg.kind} run; load_for_eval reads text models")
     if cfg.model.host != "plelab":
         raise PlelabError(f"{ckpt} was trained on a model.{'hf_config' if cfg.model.host == 'hf' else 'factory'} "
                           "trunk: eval, export and generate read plelab's own decoder — load it with "

@@ -14,20 +14,22 @@ state. One step, as the trainer runs it:
 control's draws, the IDs of an online quantizer as it is now — are computed when the batch is made and stored
 in it, so the NaN replay (``task.loss`` on the stored batches) sees exactly what the step saw.
 
-Kinds of run are registered by name (:func:`register_task_kind`); a package above ``train`` registers its
-own (``plelab.visual`` registers ``visual``), so the trainer never imports what builds on it.
+Kinds of run are :class:`Kind` records registered by name (:func:`register_task_kind`); a package above ``train``
+registers its own (``plelab.visual`` registers ``visual``) and is imported only when a config's ``kind`` names it,
+so the trainer never imports what builds on it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from plelab.config.schema import RunConfig
+from plelab.config.schema import KIND_MODULES, RunConfig
 from plelab.errors import PlelabError
 from plelab.model.ple import IIDTableIds
 
@@ -167,31 +169,54 @@ class Observer:
 
 
 @dataclass(frozen=True)
-class TaskKind:
-    """A registered kind of run: how to read its data, make its task, describe its data and fill its caches."""
+class Kind:
+    """A kind of run, in one record (torchtitan's ``TrainSpec`` is the model): how to read its data, make its task,
+    describe its data and fill its caches, and what the rest of plelab may do with it. ``RunConfig.kind`` names it;
+    its package registers it (:func:`register_task_kind`) and is imported only when a config asks for it
+    (:data:`plelab.config.schema.KIND_MODULES`).
+
+    ``data_key(cfg)``: what its prepared data depend on beyond ``data`` (runs with equal keys share one prepared
+    set); ``text_model``: its model is a text LM that eval / generate / export / the scaling fit / the rate probe
+    read; ``trains_bpe``: text data without ``data.tokenizer`` train a BPE; ``exportable``: ``plelab export``
+    writes it as an HF folder."""
 
     name: str
     prepare_data: Callable  # (cfg, progress, dist) -> data
     make_task: Callable  # (cfg, data) -> Task
     describe_data: Callable  # (cfg, data) -> str
     warm_caches: Callable  # (cfg) -> None
+    data_key: Callable = lambda cfg: None  # (cfg) -> a JSON-able value
+    text_model: bool = True
+    trains_bpe: bool = True
+    exportable: bool = True
 
 
-_KINDS: dict[str, TaskKind] = {}
+TaskKind = Kind  # the name before issue 55's Kind record; kept one release
+
+_KINDS: dict[str, Kind] = {}
 
 
-def register_task_kind(kind: TaskKind) -> None:
+def register_task_kind(kind: Kind) -> None:
     _KINDS[kind.name] = kind
 
 
 def kind_name(cfg: RunConfig) -> str:
-    """The kind of run a config asks for."""
-    return "visual" if cfg.visual.enabled else "text"
+    """The kind of run a config asks for (``cfg.kind``)."""
+    return cfg.kind
 
 
-def task_kind(cfg: RunConfig) -> TaskKind:
+def load_kind(name: str) -> None:
+    """Import the package that registers the kind ``name`` (of run, or of the study built on it) unless it is
+    registered already; a name no package registers is left to the caller's lookup to refuse."""
+    if name not in _KINDS and name in KIND_MODULES:
+        importlib.import_module(KIND_MODULES[name])  # the kind's package registers its run kind and its study
+
+
+def task_kind(cfg: RunConfig) -> Kind:
+    """The :class:`Kind` of ``cfg``, its package imported on first use."""
     name = kind_name(cfg)
+    load_kind(name)
     if name not in _KINDS:
-        raise PlelabError(f"no '{name}' kind of run is registered; import plelab.{name} (or use the plelab "
-                          "command, which registers every kind) before running this config")
+        raise PlelabError(f"no '{name}' kind of run is registered; import the package that registers it before "
+                          "running this config")
     return _KINDS[name]

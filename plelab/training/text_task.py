@@ -27,7 +27,7 @@ from plelab.runtime import seeded_generator
 from plelab.training.hosts import check_host_options, get_host, host_logits
 from plelab.training.optim import optimizer_groups
 from plelab.training.rows import row_counts, token_rows
-from plelab.training.task import Batch, RunEnv, Task, TaskKind, register_task_kind
+from plelab.training.task import Batch, Kind, RunEnv, Task, register_task_kind
 
 TEXT_ROWS_KEY = "diag.row_counts"
 
@@ -118,6 +118,6 @@ def _describe(cfg: RunConfig, data: TokenData) -> str:
     return f"{len(data.train):,} train / {len(data.val):,} validation tokens{split}{mix}"
 
 
-register_task_kind(TaskKind(
+register_task_kind(Kind(
     name="text", prepare_data=prepare_token_data, make_task=TextTask, describe_data=_describe,
     warm_caches=lambda cfg: prepare_token_data(cfg, progress=False)))

@@ -28,7 +28,7 @@ from plelab.model.ple import token_table_ids
 from plelab.runtime import seeded_generator
 from plelab.training.optim import adamw_group, optimizer_groups, table_lr
 from plelab.training.rows import RowCounter
-from plelab.training.task import Batch, Task, TaskKind, register_task_kind
+from plelab.training.task import Batch, Kind, Task, register_task_kind
 from plelab.training.text_task import TEXT_ROWS_KEY
 from plelab.visual.data import VisualData, caption_losses, prepare_visual, warm_encoder
 from plelab.visual.diagnostics import COUNT_KEYS, end_of_run, gradient_per_row, table_weights
@@ -241,7 +241,16 @@ def _describe(cfg: RunConfig, data: VisualData) -> str:
     return f"{len(data.train_caps):,} train / {len(data.val_caps):,} validation image–caption pairs"
 
 
-register_task_kind(TaskKind(
+def _data_key(cfg: RunConfig) -> dict:
+    """What a visual run's data depend on: the visual section but the table, its injection and the loss weight."""
+    key = {k: v for k, v in cfg.visual.__dict__.items() if k not in ("table", "injection", "loss_weight")}
+    if cfg.visual.ids in QUANTIZER_IDS and not cfg.visual.online:
+        key["pretrain_steps"] = cfg.train.steps  # the frozen quantizer is pretrained for train.steps
+    return key
+
+
+register_task_kind(Kind(
     name="visual",
     prepare_data=lambda cfg, progress=True, dist=None: prepare_visual(cfg, log=print if progress else None),
-    make_task=VisualTask, describe_data=_describe, warm_caches=warm_encoder))
+    make_task=VisualTask, describe_data=_describe, warm_caches=warm_encoder, data_key=_data_key,
+    text_model=False, trains_bpe=False, exportable=False))
