@@ -43,3 +43,16 @@ def test_old_configs_that_said_visual_enabled_still_load():
 def test_an_unknown_kind_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"invalid config value kind='audio': allowed text \| visual"):
         resolve_config("cpu-tiny", ["kind=audio"])
+
+
+def test_the_trainer_and_its_task_hold_one_config(tmp_path):
+    from plelab.runs import make_trainer, prepare_data
+
+    cfg = resolve_config("cpu-tiny", ["train.precision=auto"], steps=2)
+    trainer = make_trainer(cfg, prepare_data(cfg, progress=False), tmp_path / "run", progress=False,
+                           log=lambda *a: None)
+    try:
+        assert trainer.cfg is trainer.task.cfg and trainer.cfg.train.precision in ("fp32", "bf16")
+        assert all(getattr(o, "cfg", trainer.cfg) is trainer.cfg for o in trainer.observers)
+    finally:
+        trainer.release()

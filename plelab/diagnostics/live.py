@@ -39,6 +39,7 @@ class LiveDiagnostics(Observer):
 
     def bind(self, model, env) -> None:
         self.model, self.lm, self.env = model, self.task.language_model(model), env
+        self.cfg = self.task.cfg  # the run's config, as the trainer resolved it
 
     def _due(self, step: int) -> bool:
         return bool(self.every) and (step + 1) % self.every == 0

@@ -107,6 +107,7 @@ class Trainer:
                               f"{self.dist.world_size} x {tc.grad_accum}; change one of them")
         self.micro_batch = tc.batch_size // per_step
         self.precision = self._resolve_precision(resume)
+        task.cfg = self.cfg  # one config: the run's, paths absolute and precision resolved (what config.json holds)
         cfg, tc = self.cfg, self.cfg.train
         self.env = RunEnv(self.device, self.dist, self.micro_batch, self.precision.bf16)
         task.bind(self.env)
