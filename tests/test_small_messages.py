@@ -141,3 +141,13 @@ def test_what_refuses_a_run_refuses_it_before_the_data_step(tmp_path, monkeypatc
             plelab.runs.train(cfg, run, resume=True, progress=False)
     finally:
         held.release()
+
+
+def test_mixture_weights_the_slot_pattern_cannot_realise_are_refused():
+    from plelab.data.mixture import parse_mixture
+
+    with pytest.raises(ConfigError, match=r"has weight 1e-09 of the mix; weights are realised in steps of 0.001"):
+        parse_mixture(["a.jsonl:1", "b.jsonl:1e-9"])
+    with pytest.raises(ConfigError, match="a mixture of 1,001 sources"):
+        parse_mixture([f"s{i}.jsonl:1" for i in range(1001)])
+    assert [w for _, w in parse_mixture(["a.jsonl:999", "b.jsonl:1"])] == [0.999, 0.001]

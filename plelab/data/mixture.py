@@ -43,6 +43,14 @@ def parse_mixture(entries: list[str]) -> list[tuple[str, float]]:
     if not math.isfinite(total):
         raise ConfigError(f"mixture weights {', '.join(f'{w:g}' for _, w in out)} sum to {total:g}; they are "
                           "relative: scale them down (e.g. 0.7 and 0.3)")
+    if len(out) > PERIOD:
+        raise ConfigError(f"a mixture of {len(out):,} sources: a batch pattern has {PERIOD} slots, one per source at "
+                          f"least; merge sources into at most {PERIOD} folders")
+    small = [(p, w / total) for p, w in out if w / total < 1 / PERIOD]
+    if small:
+        raise ConfigError(f"mixture source {small[0][0]} has weight {small[0][1]:.2g} of the mix; weights are realised "
+                          f"in steps of {1 / PERIOD:g} (a batch pattern of {PERIOD} slots): give every source at least "
+                          f"{1 / PERIOD:g}, or leave it out")
     return [(p, w / total) for p, w in out]
 
 
