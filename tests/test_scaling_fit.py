@@ -115,4 +115,10 @@ def test_plelab_fit_on_real_tiny_runs(tmp_path, capsys):
     assert "at least 4 sizes × 3 budgets" in capsys.readouterr().err
     assert main(["fit", str(tmp_path / "ladder"), "--predict", "1e6"]) != 0
     assert "write N:D" in capsys.readouterr().err
+    # a summary whose loss reads "NaN" (a float to Python) is skipped by name, never fitted
+    summary = tmp_path / "ladder" / "H80-ple" / "summary.json"
+    summary.write_text(summary.read_text().replace('"final_val_loss": ', '"final_val_loss": "NaN", "was": ', 1))
+    assert main(["fit", str(tmp_path / "ladder"), "--boots", "20", "--out", str(out)]) == 0
+    assert "H80-ple: its final loss nan or tokens_seen" in capsys.readouterr().out
+    assert json.loads(out.read_text())["runs"] == 15
 

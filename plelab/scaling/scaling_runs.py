@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from plelab.config.schema import PLEConfig, RunConfig
 from plelab.errors import PlelabError
 from plelab.model.accounting import account
-from plelab.sweeps.records import SUFFIX, read_record
 from plelab.scaling.laws import BOOTSTRAPS, EXTRAPOLATION_LIMIT, Point, fit_study
+from plelab.sweeps.records import SUFFIX, read_record
 from plelab.training.task import task_kind
 
 BASELINE = "baseline"
@@ -67,6 +68,9 @@ def points_from_runs(paths: Sequence[str | Path], count: str = "non-embedding") 
             loss, tokens = float(summary["final_val_loss"]), float(summary["tokens_seen"])
         except (OSError, ValueError, KeyError, TypeError, PlelabError) as err:
             notes.append(f"skipped {run}: its summary is not a finished plelab run ({err})")
+            continue
+        if not (math.isfinite(loss) and math.isfinite(tokens)):  # a "NaN" string parses as a float
+            notes.append(f"skipped {run}: its final loss {loss} or tokens_seen {tokens} is not a finite number")
             continue
         if not task_kind(cfg).text_model:
             notes.append(f"skipped {run}: a {cfg.kind} run (the fit reads text runs)")
