@@ -151,3 +151,19 @@ def test_mixture_weights_the_slot_pattern_cannot_realise_are_refused():
     with pytest.raises(ConfigError, match="a mixture of 1,001 sources"):
         parse_mixture([f"s{i}.jsonl:1" for i in range(1001)])
     assert [w for _, w in parse_mixture(["a.jsonl:999", "b.jsonl:1"])] == [0.999, 0.001]
+
+
+def test_a_sweep_past_the_runs_one_folder_holds_is_refused_before_anything_runs(tmp_path):
+    from plelab.sweeps.commands import sweep
+
+    with pytest.raises(PlelabError, match=r"a sweep of 200,000 runs \(2 arms × 100,000 seeds\): one sweep folder"):
+        sweep(tmp_path / "huge", preset="cpu-tiny", dp=[0, 8], seeds=100_000, progress=False)
+    assert not (tmp_path / "huge").exists()
+    spec = tmp_path / "edited" / "sweep.json"
+    spec.parent.mkdir()
+    sweep(tmp_path / "edited", preset="cpu-tiny", dp=[0, 8], seeds=1, steps=1, emit="torchrun")
+    saved = json.loads(spec.read_text())
+    saved["seeds"] = list(range(60_000))
+    spec.write_text(json.dumps(saved))
+    with pytest.raises(PlelabError, match="is not a valid plelab sweep .*one sweep folder holds at most 100,000"):
+        sweep(tmp_path / "edited", preset="cpu-tiny", dp=[0, 8], seeds=1, steps=1, emit="torchrun")

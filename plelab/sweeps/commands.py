@@ -22,7 +22,7 @@ from plelab.sweeps.records import copy_records, record_path, sweep_roots
 from plelab.sweeps.results import collect
 from plelab.sweeps.cluster import emit_scripts
 from plelab.sweeps.runner import RunJob, folder_done, jobs_of, record_finished, run_sweep, say
-from plelab.sweeps.spec import (CONTROLS, DEFAULT_LAST_K, DP_DELTA, SweepSpec, dp_arms, load_spec,
+from plelab.sweeps.spec import (CONTROLS, DEFAULT_LAST_K, DP_DELTA, SweepSpec, check_size, dp_arms, load_spec,
                                 merge_spec)
 
 DEFAULT_PRESET = "cpu-sweep"
@@ -100,8 +100,10 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
         lrs = chosen_lrs(existing)  # a sweep made with --lr-from keeps its rates when resumed without it
     if lrs is not None:
         arms = with_lrs(arms, "dp0", dict(lrs))
-    return SweepSpec(preset=preset, overrides=overrides, arms=arms, seeds=seed_values, steps=steps, last_k=last_k,
+    spec = SweepSpec(preset=preset, overrides=overrides, arms=arms, seeds=seed_values, steps=steps, last_k=last_k,
                      delta=delta, control_dp=control_dp, matched_ref=matched_ref)
+    check_size(spec)  # before anything is resolved per run
+    return spec
 
 
 def options_of(args: object) -> dict:

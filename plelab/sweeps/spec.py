@@ -249,6 +249,7 @@ def load_spec(root: Path) -> SweepSpec | None:
             check_name(arm.name, "arm name")
         if not isinstance(spec.seeds, list) or not all(type(s) is int for s in spec.seeds):
             raise PlelabError(f"invalid seeds {spec.seeds!r}: a list of integers")
+        check_size(spec)
     except PlelabError as err:
         raise PlelabError(f"{path} is not a valid plelab sweep ({err}); restore it or choose another --out") from None
     analysis_plan.verify(spec, path)
@@ -287,8 +288,24 @@ def merge_spec(root: Path, new: SweepSpec) -> SweepSpec:
                                matched_ref=old.matched_ref if old.matched_ref is not None else new.matched_ref)
 
 
+# runs one sweep folder holds at most: reading a folder's state stats every run (a sweep.json listing 10^6 seeds took
+# hours to report); a study larger than this is several sweeps
+MAX_RUNS = 100_000
+
+
+def check_size(spec: SweepSpec) -> None:
+    """Refuse a sweep of more than :data:`MAX_RUNS` runs, or one that lists a seed twice."""
+    runs = len(spec.arms) * len(spec.seeds)
+    if runs > MAX_RUNS:
+        raise PlelabError(f"a sweep of {runs:,} runs ({len(spec.arms)} arms × {len(spec.seeds):,} seeds): one sweep "
+                          f"folder holds at most {MAX_RUNS:,}; split the study into several sweeps")
+    if len(set(spec.seeds)) != len(spec.seeds):
+        raise PlelabError(f"seeds {spec.seeds[:8]}... list a seed twice; give each seed once")
+
+
 def save_spec(root: Path, spec: SweepSpec) -> SweepSpec:
     """Write ``spec`` to ``root/sweep.json``, declaring its analysis plan now if it has none; the spec saved."""
+    check_size(spec)
     if spec.plan is None:
         spec = dataclasses.replace(spec, plan=analysis_plan.declare(spec))
     Path(root).mkdir(parents=True, exist_ok=True)
