@@ -151,6 +151,16 @@ def test_sweep_on_an_hf_trunk_gives_a_report_and_advise_json(llama, tmp_path, ca
     assert main(["advise", str(out), "--json"]) == 0
     advice = json.loads(capsys.readouterr().out)
     assert advice["measured"] == [0, 8] and advice["seeds"] == 2
+    # a pilot with fewer evaluations than its last_k: plan quotes the report's number at the outcome it used
+    from plelab.reports.sweep_findings import required_seeds
+    from plelab.stats.analysis import analyse
+    from plelab.stats.planning import plan
+    from plelab.sweeps.results import collect
+
+    p = plan(out)
+    assert p["pilot_last_k"] == 2 and p["seeds_at_pilot_outcome"]
+    assert {k: p["seeds_at_pilot_outcome"][k] for k in ("consecutive", "vs_baseline")} == required_seeds(
+        analyse(collect(out, structure=False)), 0.05)
     diag = json.loads(next((out / "runs").glob("dp8/seed-0/checkpoints/step-000016/diagnostics.json")).read_text())
     assert math.isfinite(diag["use"]["permute"]["delta"])  # computed through the HF trunk's logits
     assert plelab.diagnose(next((out / "runs").glob("dp8/seed-0")), progress=False)["table"]["verdict"]

@@ -142,7 +142,8 @@ def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.
         raise PlelabError(f"{pilot} ran {len(spec.seeds)} seed: a pilot needs at least 2 to measure the spread")
     by_k = []
     evals = min(len(r.val_history) for by_seed in res.runs.values() for r in by_seed.values())
-    for k in [k for k in LAST_K if k <= evals]:
+    own = min(spec.last_k, evals)  # the outcome the pilot's report used: its last_k, or every evaluation it has
+    for k in sorted({k for k in LAST_K if k <= evals} | {own}):
         losses = {arm: {s: sum(v for _, v in r.val_history[-k:]) / k for s, r in by_seed.items()}
                   for arm, by_seed in res.runs.items()}
         entry: dict = {"last_k": k, "families": {}}
@@ -171,7 +172,7 @@ def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.
         by_family[name] = {"seeds": max((g for g in got if g is not None), default=None),
                            "undecidable": sum(g is None for g in got)}
     fresh = list(range(max(spec.seeds) + 1, max(spec.seeds) + 1 + n)) if n else []
-    own_k = next((e for e in by_k if e["last_k"] == spec.last_k), None)  # the outcome the pilot's report uses
+    own_k = next((e for e in by_k if e["last_k"] == own), None)  # the outcome the pilot's report uses
     at_pilot = {name: _need(fam["comparisons"]) for name, fam in own_k["families"].items()} if own_k else None
     command = None
     if n:
@@ -182,7 +183,7 @@ def plan(pilot: str | Path, delta: float | None = None, target_power: float = 0.
             "delta_origin": origin, "families": families, "seeds_by_family": by_family,
             "power": target_power, "alpha": spec.alpha, "by_last_k": by_k, "chosen_last_k": best["last_k"],
             "seeds": n, "undecidable": len(needs) - len(decided), "confirmatory_seeds": fresh, "command": command,
-            "pilot_last_k": spec.last_k, "seeds_at_pilot_outcome": at_pilot}
+            "pilot_last_k": own, "seeds_at_pilot_outcome": at_pilot}
 
 
 def _need(rows: list[dict]) -> int | None:
