@@ -167,3 +167,19 @@ def test_a_sweep_past_the_runs_one_folder_holds_is_refused_before_anything_runs(
     spec.write_text(json.dumps(saved))
     with pytest.raises(PlelabError, match="is not a valid plelab sweep .*one sweep folder holds at most 100,000"):
         sweep(tmp_path / "edited", preset="cpu-tiny", dp=[0, 8], seeds=1, steps=1, emit="torchrun")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--dp", "0", "--table-optimizer", "row-sparse"], "train.table_optimizer='row-sparse' sets the per-layer table"),
+    (["--dp", "0", "--set", "ple.table_scale=2"], "ple.table_scale=2.0 sets the per-layer table, but ple.dim=0"),
+    (["--dp", "0", "--set", "ple.vocab_size=100"], "ple.vocab_size=100 sets the per-layer table"),
+    (["--set", "ple.gate_init=0.5"], "ple.gate_init=0.5 sets a learned gate, but ple.gate=gemma has none"),
+    (["--tokenizer", "tok.json", "--set", "data.tokenizer_sample_chars=5000"], "--tokenizer gives the tokenizer"),
+])
+def test_a_setting_a_run_would_record_and_not_use_is_refused(tmp_path, capsys, args, needle):
+    from plelab.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "cpu-tiny", *args, "--out", str(out), "--steps", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err and not out.exists()

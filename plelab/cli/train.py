@@ -8,7 +8,8 @@ from pathlib import Path
 
 from plelab.cli.common import config_args, config_settings, dp_value, trunk_args, trunk_settings
 from plelab.cli.data import data_args, data_settings
-from plelab.config import resolve_run_config
+from plelab.config import RunConfig, resolve_run_config
+from plelab.config.overrides import get_value
 from plelab.errors import ConfigError, PlelabError
 from plelab.integrations.checkpoints import diagnose
 from plelab.io import check_folder_target, ensure_dir, os_reason
@@ -39,8 +40,38 @@ def cmd_train(args: argparse.Namespace) -> int:
         "train.table_optimizer": args.table_optimizer, **data_settings(args), **trunk_settings(args)})
     cfg = resolve_run_config(args.preset, saved=saved if args.resume and saved.exists() else None,
                              config=args.config, overrides=args.overrides, settings=settings)
+    given = {o.partition("=")[0].strip() for o in args.overrides} | {k for k, v in settings.items() if v is not None}
+    refuse_without_effect(cfg, given)
     train(cfg, args.out, resume=args.resume, progress=not args.no_progress)
     return 0
+
+
+# settings of the per-layer table: without one (ple.dim=0) they would be recorded and do nothing
+TABLE_ONLY = ("ple.vocab_size", "ple.vocab_remap", "ple.gate", "ple.gate_init", "ple.gate_learn", "ple.table_init_std",
+              "ple.ids", "ple.table", "ple.table_scale", "ple.table_scale_dim", "train.table_lr", "train.table_lr_mult",
+              "train.table_weight_decay", "train.table_optimizer", "train.table_device")
+
+
+def refuse_without_effect(cfg, given: set[str]) -> None:
+    """Refuse, in one line, a setting given on this command line (``--set`` or a flag) that this run would record and
+    not use: a table setting with ``ple.dim=0``, ``ple.gate_init`` / ``ple.gate_learn`` under a gate that has no
+    learned value, ``data.tokenizer_sample_chars`` with a given tokenizer. (A config file or a sweep's arm may carry
+    them: a study's baseline shares its arms' settings.)"""
+    default = RunConfig()
+    changed = [k for k in sorted(given) if get_value(cfg, k) != get_value(default, k)]
+    if not cfg.ple.enabled:
+        for key in changed:
+            if key in TABLE_ONLY:
+                raise ConfigError(f"{key}={get_value(cfg, key)!r} sets the per-layer table, but ple.dim=0 has none: "
+                                  "drop it, or give --dp")
+    if cfg.ple.gate not in ("scalar", "vector"):
+        for key in ("ple.gate_init", "ple.gate_learn"):
+            if key in changed:
+                raise ConfigError(f"{key}={get_value(cfg, key)!r} sets a learned gate, but ple.gate={cfg.ple.gate} has "
+                                  "none: drop it, or --set ple.gate=scalar (or vector)")
+    if "data.tokenizer_sample_chars" in changed and cfg.data.tokenizer is not None:
+        raise ConfigError("data.tokenizer_sample_chars sizes the sample a BPE is trained on, but --tokenizer gives "
+                          "the tokenizer: drop one of them")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
