@@ -183,3 +183,18 @@ def test_a_setting_a_run_would_record_and_not_use_is_refused(tmp_path, capsys, a
     assert main(["train", "--preset", "cpu-tiny", *args, "--out", str(out), "--steps", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("layers", [2.0, [2], "2", 0])
+def test_a_foreign_config_with_a_non_integer_layer_count_is_one_line(tmp_path, layers):
+    import torch
+    from safetensors.torch import save_file
+
+    from plelab.diagnostics.tables import find_table
+
+    save_file({"model.embed_tokens_per_layer.weight": torch.randn(64, 16)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3n_text", "num_hidden_layers": layers,
+                                                      "hidden_size_per_layer_input": 8}))
+    with pytest.raises(PlelabError, match=r"says num_hidden_layers = .*not a positive integer; fix it or pass"):
+        find_table(tmp_path)
+    assert find_table(tmp_path, num_layers=2, dim=8).num_layers == 2  # the flags, as the message says

@@ -86,7 +86,13 @@ def _hf_dims(folder: Path) -> tuple[int | None, int | None]:
     if not isinstance(text, dict):
         return None, None
     attached = text.get("plelab_ple") if isinstance(text.get("plelab_ple"), dict) else {}  # plelab.attach's entry
-    return text.get("num_hidden_layers"), text.get("hidden_size_per_layer_input") or attached.get("dim")
+    dims = {"num_hidden_layers": text.get("num_hidden_layers"),
+            "hidden_size_per_layer_input": text.get("hidden_size_per_layer_input") or attached.get("dim")}
+    for key, value in dims.items():
+        if value is not None and (type(value) is not int or value < 1):
+            raise PlelabError(f"{cfg_path} says {key} = {value!r}, not a positive integer; fix it or pass --num-layers "
+                              "and --dp")
+    return dims["num_hidden_layers"], dims["hidden_size_per_layer_input"]
 
 
 def _find_in_safetensors(path: Path) -> tuple[Path, str, tuple]:
@@ -178,7 +184,7 @@ def find_table(path: str | Path, num_layers: int | None = None, dim: int | None 
         num_layers, dim = cfg.model.num_hidden_layers, cfg.ple.dim
     else:
         file, key, shape = _find_in_safetensors(p)
-        hf_layers, hf_dim = _hf_dims(file.parent)
+        hf_layers, hf_dim = _hf_dims(file.parent) if num_layers is None or dim is None else (None, None)
         num_layers, dim = num_layers or hf_layers, dim or hf_dim
         if num_layers is None or dim is None:
             raise PlelabError(f"{file} has a per-layer table of shape {list(shape)} but no config.json with "
