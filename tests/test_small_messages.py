@@ -198,3 +198,15 @@ def test_a_foreign_config_with_a_non_integer_layer_count_is_one_line(tmp_path, l
     with pytest.raises(PlelabError, match=r"says num_hidden_layers = .*not a positive integer; fix it or pass"):
         find_table(tmp_path)
     assert find_table(tmp_path, num_layers=2, dim=8).num_layers == 2  # the flags, as the message says
+
+
+def test_export_of_a_run_whose_tokenizer_is_garbage_is_one_line_and_writes_nothing(tmp_path, capsys):
+    from plelab.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--preset", "cpu-tiny", "--steps", "1", "--out", str(run), "--no-progress"]) == 0
+    (run / "tokenizer.json").write_text("garbage{")
+    capsys.readouterr()
+    assert main(["export", str(run), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load tokenizer" in err and "Traceback" not in err and not (tmp_path / "hf").exists()

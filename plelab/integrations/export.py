@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from plelab.config.schema import RunConfig
-from plelab.data.tokenizer import EOS
+from plelab.data.tokenizer import EOS, load_tokenizer
 from plelab.errors import PlelabError
 from plelab.integrations.hf import EXPORT_PLE_TRANSFORMERS, minor_version, refuse_attached
 from plelab.integrations.hf_model import MODEL_TYPE, classes, register, require_transformers
@@ -115,6 +115,7 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
                               "whose loader reads the exported model back wrong): pip install "
                               f"'transformers>={need},<6'")
     tokenizer = run_tokenizer_file(ckpt)
+    load_tokenizer(tokenizer)  # a damaged tokenizer.json is one line here, before anything is written
     model, _ = load_for_eval(ckpt, mmap_table=False)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     step = int(read_state(ckpt, for_resume=False)["step"])
