@@ -87,3 +87,19 @@ def test_plelab_verbs_on_an_attached_folder(tmp_path, capsys):
     assert rep["table"]["basis"] == "Δ = W_t − W_0 (W_0 regenerated from the seeds plelab.attach recorded)"
     assert rep["table"]["verdict"]["reasons"][0].startswith("cross-seed CKA of Δ = W_t − W_0 (W_0 regenerated")
     assert not any("H: unknown" in line for line in rep["reliability"])  # the hidden size is read off config.json
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda c: c["plelab_ple"].pop("dim"), "entry lacks dim"),
+    (lambda c: c["plelab_ple"].update(dim="8"), "PLE dim must be an integer"),
+    (lambda c: c["plelab_ple"].update(gate="banana"), "unknown PLE gate 'banana'"),
+    (lambda c: c.update(plelab_ple=[1]), "has no 'plelab_ple' entry"),
+    (lambda c: c["plelab_ple"].pop("host_model_type"), "names no host_model_type"),
+])
+def test_load_attached_on_a_damaged_folder_is_one_line(tmp_path, damage, needle):
+    _attached_with_a_live_branch().save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    damage(config)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(plelab.PlelabError, match=needle):
+        plelab.load_attached(tmp_path / "m")

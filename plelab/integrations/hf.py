@@ -302,6 +302,10 @@ def load_attached(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     # the PLE tensors are "unexpected" to the host class (quiet: from_pretrained's logging is off): loaded below
     model = from_pretrained("AutoModelForCausalLM", path, "the host model of a folder saved after plelab.attach",
                             **from_pretrained_kwargs)
+    missing = [k for k in ("dim", "gate", "vocab_size") if k not in saved]
+    if missing:
+        raise PlelabError(f"{config_file}: its {PLE_CONFIG_KEY!r} entry lacks {', '.join(missing)}; save the attached "
+                          "model again with save_pretrained")
     attach(model, saved["dim"], gate=saved["gate"], vocab_size=saved["vocab_size"], init=saved.get("init", "gemma"),
            sparse_table=saved.get("sparse_table", False), seed=saved.get("seed", 0), allow_untested_transformers=True)
     own = {id(p) for p in PLEModules(model).parameters()}
