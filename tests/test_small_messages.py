@@ -210,3 +210,15 @@ def test_export_of_a_run_whose_tokenizer_is_garbage_is_one_line_and_writes_nothi
     assert main(["export", str(run), str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
     assert "cannot load tokenizer" in err and "Traceback" not in err and not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("state, why", [
+    ({"format": "plelab-1", "files": ["model.safetensors"]}, "files is not a map of file name to byte count"),
+    ({"files": {}}, "names no format"),
+    ({"format": "plelab-1"}, "missing or unreadable"),
+])
+def test_a_sharded_manifest_of_the_wrong_shape_is_a_reason_not_a_traceback(tmp_path, state, why):
+    from plelab.training.sharded_checkpoint import torn_reason
+
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    assert why in torn_reason(tmp_path)

@@ -96,9 +96,14 @@ def save_sharded(tmp: Path, step: int, model: torch.nn.Module, opt: torch.optim.
 def torn_reason(ckpt: Path) -> str | None:
     """Why the sharded checkpoint ``ckpt`` is incomplete (a file missing, short, extra or unreadable), or None."""
     try:
-        files = json.loads((ckpt / "state.json").read_text())["files"]
+        state = json.loads((ckpt / "state.json").read_text())
+        files = state["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return "its state.json or manifest is missing or unreadable"
+    if not isinstance(files, dict) or not all(isinstance(k, str) and type(v) is int for k, v in files.items()):
+        return "its manifest's files is not a map of file name to byte count"
+    if not isinstance(state.get("format"), str):
+        return "its state.json names no format"
     held = _manifest(ckpt)
     for name, size in files.items():
         if name not in held:
