@@ -55,7 +55,7 @@ def jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
             raise PlelabError(f"{path} line {n} is longer than {MAX_LINE >> 20} MiB; JSONL holds one document per "
                               "line (a JSON array is not JSONL)")
         try:
-            line = raw.decode("utf-8")
+            line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a byte-order mark (Windows editors) is not text
         except UnicodeDecodeError as err:
             raise PlelabError(f"{path} line {n} is not UTF-8 (invalid byte at column {err.start + 1}); "
                               "convert the file to UTF-8") from None
