@@ -231,3 +231,26 @@ def test_a_jsonl_file_that_starts_with_a_byte_order_mark_reads_as_its_text(tmp_p
     lines = [json.dumps({"text": "first"}).encode(), json.dumps({"text": "second"}).encode()]
     path.write_bytes(b"\xef\xbb\xbf" + b"\n".join(lines))
     assert list(jsonl_documents(path, "text")) == ["first", "second"]
+
+
+def test_consolidate_refuses_shards_that_are_not_the_runs_model(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    from plelab.model.init import build_model
+    from plelab.training.sharded_checkpoint import _check_against_the_run
+
+    cfg = resolve_config("cpu-tiny")
+    (tmp_path / "state.json").write_text(json.dumps({"config": cfg.to_dict()}))
+    model = build_model(cfg.model, cfg.ple, device="meta")
+    meta = {n: SimpleNamespace(properties=SimpleNamespace(dtype=t.dtype), size=torch.Size(t.shape))
+            for n, t in model.state_dict().items()}
+    _check_against_the_run(tmp_path, meta)  # the run's own tensors pass
+    meta["model.embed_tokens.weight"].properties.dtype = torch.int32
+    with pytest.raises(PlelabError, match="model.embed_tokens.weight is stored as int32"):
+        _check_against_the_run(tmp_path, meta)
+    meta["model.embed_tokens.weight"].properties.dtype = torch.float32
+    meta["model.embed_tokens.weight"].size = torch.Size([256, 64])
+    with pytest.raises(PlelabError, match="model.embed_tokens.weight"):
+        _check_against_the_run(tmp_path, meta)

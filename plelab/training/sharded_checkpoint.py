@@ -39,10 +39,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from plelab.config.budget import check_bytes, gigabytes
+from plelab.config.schema import RunConfig
 from plelab.distributed import DistInfo, all_ranks_ok
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.io import replace_synced, save_safetensors, write_json
+from plelab.model.init import build_model
 from plelab.model.loading import check_tensors
 
 SHARDED = "sharded"
@@ -183,6 +185,20 @@ def _check_claimed_sizes(ckpt: Path, meta: dict) -> None:
     check_bytes(f"consolidating {ckpt}", need, "consolidate on a machine with more memory")
 
 
+def _check_against_the_run(ckpt: Path, meta: dict) -> None:
+    """Refuse shards whose tensors (names, dtypes, full shapes) are not the run's model's — built on the meta device
+    from the checkpoint's own config — before anything is allocated or written."""
+    try:
+        cfg = RunConfig.from_dict(json.loads((ckpt / "state.json").read_text())["config"])
+    except (OSError, ValueError, KeyError, TypeError, PlelabError) as err:
+        raise PlelabError(f"checkpoint {ckpt}: its state.json holds no readable run config ({err}); consolidate an "
+                          "earlier checkpoint") from None
+    model = build_model(cfg.model, cfg.ple, device="meta")
+    found = {name: (m.properties.dtype, tuple(m.size)) for name, m in meta.items()}
+    check_tensors(f"the shards of checkpoint {ckpt}", found, model.state_dict(keep_vars=True),
+                  "consolidate an earlier checkpoint")
+
+
 def consolidate_folder(ckpt: Path) -> Path:
     """Write ``model.safetensors`` (the full weights, HF names) into a sharded checkpoint folder, in one process;
     the weights are read whole (host memory: the model's size). Returns the file; a second call rewrites it."""
@@ -196,6 +212,7 @@ def consolidate_folder(ckpt: Path) -> Path:
     folder = ckpt / SHARDED / "model"
     meta = HuggingFaceStorageReader(str(folder)).read_metadata().state_dict_metadata
     _check_claimed_sizes(ckpt, meta)
+    _check_against_the_run(ckpt, meta)
     sd = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in meta.items()}
     _dcp_load(sd, folder)
     fmt = json.loads((ckpt / "state.json").read_text())["format"]
