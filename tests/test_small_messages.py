@@ -254,3 +254,10 @@ def test_consolidate_refuses_shards_that_are_not_the_runs_model(tmp_path):
     meta["model.embed_tokens.weight"].size = torch.Size([256, 64])
     with pytest.raises(PlelabError, match="model.embed_tokens.weight"):
         _check_against_the_run(tmp_path, meta)
+
+
+def test_a_device_given_as_data_is_called_a_device():
+    from plelab.data.sources import resolve_source
+
+    with pytest.raises(PlelabError, match="data path /dev/null is a device, pipe or socket, not a file or folder"):
+        resolve_source("/dev/null")

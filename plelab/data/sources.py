@@ -127,6 +127,9 @@ def resolve_source(path: str | os.PathLike | None, text_field: str = "text", emb
     p = Path(path)
     if not p.exists():
         raise PlelabError(f"data path {p} does not exist; pass a text/JSONL/Parquet file, token shards or a folder")
+    if not p.is_file() and not p.is_dir():
+        raise PlelabError(f"data path {p} is a device, pipe or socket, not a file or folder; pass a text/JSONL/Parquet "
+                          "file, token shards or a folder")
     if p.is_file():
         if file_kind(p) is None and p.name.lower().endswith(UNSUPPORTED):
             raise PlelabError(f"{p} is not a format plelab reads: give text (.txt/.md), JSONL (.jsonl, .jsonl.gz, "
