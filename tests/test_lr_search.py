@@ -56,6 +56,10 @@ def test_the_chosen_rates_reach_every_arm_of_the_study_and_stay_on_resume(tmp_pa
         assert cfg["train"]["lr"] == pytest.approx(lrs[group])
     assert main(["sweep", *STUDY, "--seeds", "2", "--emit", "torchrun", "--out", str(study)]) == 0  # resumed
     assert load_spec(study).arms == spec.arms
+    # the study's command line names the choice it read, so that it reproduces in a fresh folder too
+    from plelab.sweeps.spec import sweep_command
+
+    assert f"--lr-from {search.resolve()}" in sweep_command(load_spec(study), study)
     assert main(["report", str(search)]) == 0 and (search / "lr.md").exists()
 
 

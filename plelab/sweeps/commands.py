@@ -100,8 +100,10 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
         lrs = chosen_lrs(existing)  # a sweep made with --lr-from keeps its rates when resumed without it
     if lrs is not None:
         arms = with_lrs(arms, "dp0", dict(lrs))
+    recorded = (str(Path(lr_from).resolve()) if lr_from is not None
+                else existing.lr_from if existing is not None and lrs is not None else None)
     spec = SweepSpec(preset=preset, overrides=overrides, arms=arms, seeds=seed_values, steps=steps, last_k=last_k,
-                     delta=delta, control_dp=control_dp, matched_ref=matched_ref)
+                     delta=delta, control_dp=control_dp, matched_ref=matched_ref, lr_from=recorded)
     check_size(spec)  # before anything is resolved per run
     return spec
 

@@ -35,9 +35,12 @@ def dead_zone_step(spec: SweepSpec, hidden: int) -> tuple[str, str] | None:
     return (a, b) if a and b else None
 
 
-def plan_text(spec: SweepSpec, root: Path, hidden: int) -> str:
-    """PLAN.md: the preregistered study in words (from the frozen plan)."""
+def plan_text(spec: SweepSpec, root: Path, hidden: int, steps: int | None = None) -> str:
+    """PLAN.md: the preregistered study in words (from the frozen plan); ``steps``: a run's steps as resolved (the
+    preset's, when the spec sets none)."""
     plan, design = spec.plan, spec.plan["design"]
+    steps_text = (f"{design['steps']:,} steps" if design["steps"] is not None
+                  else f"the preset's {steps:,} steps" if steps is not None else "the preset's steps")
     step = dead_zone_step(spec, hidden)
     families = "\n".join(f"- `{name}`: {rule}" for name, rule in RULES["families"].items())
     arms = "\n".join(f"| {a.name} | {a.family} | {a.x:g} | {' '.join(a.overrides)} |" for a in spec.arms)
@@ -56,7 +59,7 @@ starts: a rerun with another δ, α, outcome, arm or seed is refused; another ma
 analysis (`plelab report {root} --delta X`).
 
 ## Design
-- Preset `{design['preset']}` with `{' '.join(design['overrides']) or '(no overrides)'}`, {design['steps']} steps per run;
+- Preset `{design['preset']}` with `{' '.join(design['overrides']) or '(no overrides)'}`, {steps_text} per run;
   corpus sha256 `{design['corpus']}`.
 - Seeds {design['seeds']} (blocks: every arm of a seed shares data order and initial trunk).
 - Runtime stated before the first run: {design['budget']}.
@@ -97,7 +100,8 @@ def preregister(root: str | Path, spec: SweepSpec, jobs: int = 1, log=print) -> 
     budget = study_estimate([(root, spec)], jobs, log)
     design = design_of(spec) | {"commit": commit, "corpus": corpus, "budget": budget, "jobs": jobs}
     spec = save_spec(root, dataclasses.replace(spec, plan=declare(spec, design=design)))
-    doc = atomic_write(root / PLAN_DOC, lambda p: p.write_text(plan_text(spec, root, cfg.model.hidden_size)))
+    doc = atomic_write(root / PLAN_DOC, lambda p: p.write_text(plan_text(spec, root, cfg.model.hidden_size,
+                                                                         cfg.train.steps)))
     return [root / SPEC_FILE, doc]
 
 

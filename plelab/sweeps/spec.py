@@ -97,6 +97,9 @@ class SweepSpec:
     # Where the point controls sit and the matched arms' fixed multiplier dimension (kept when the sweep grows).
     control_dp: int | None = None
     matched_ref: int | None = None
+    # The lr-search folder whose lr.json set the arms' rates (--lr-from), for the sweep's command line; the rates
+    # themselves are in the arms' overrides.
+    lr_from: str | None = None
     # The analysis plan (δ, α, last_k, baseline, the rules) declared when the sweep was first saved, with its hash;
     # None until then, and in sweeps saved before plelab fixed plans.
     plan: dict | None = None
@@ -225,6 +228,8 @@ def sweep_command(spec: SweepSpec, root: Path, seeds: int | None = None) -> str:
         parts += ["--steps", str(spec.steps)]
     for o in spec.overrides:
         parts += ["--set", o]
+    if spec.lr_from is not None:
+        parts += ["--lr-from", spec.lr_from]
     n = seeds if seeds is not None else len(spec.seeds)
     parts += ["--seeds", str(n)] if spec.seeds == list(range(len(spec.seeds))) or seeds else \
         ["--seed-list", ",".join(map(str, spec.seeds))]
