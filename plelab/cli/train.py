@@ -9,7 +9,7 @@ from pathlib import Path
 from plelab.cli.common import config_args, config_settings, dp_value, trunk_args, trunk_settings
 from plelab.cli.data import data_args, data_settings
 from plelab.config import RunConfig, resolve_run_config
-from plelab.config.overrides import get_value
+from plelab.config.overrides import LEGACY_KEYS, get_value
 from plelab.errors import ConfigError, PlelabError
 from plelab.integrations.checkpoints import diagnose
 from plelab.io import check_folder_target, ensure_dir, os_reason
@@ -58,6 +58,7 @@ def refuse_without_effect(cfg, given: set[str]) -> None:
     learned value, ``data.tokenizer_sample_chars`` with a given tokenizer. (A config file or a sweep's arm may carry
     them: a study's baseline shares its arms' settings.)"""
     default = RunConfig()
+    given = {LEGACY_KEYS[k][0] if k in LEGACY_KEYS else k for k in given}  # visual.enabled is kind
     changed = [k for k in sorted(given) if get_value(cfg, k) != get_value(default, k)]
     if not cfg.ple.enabled:
         for key in changed:

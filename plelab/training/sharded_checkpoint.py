@@ -187,10 +187,14 @@ def _check_claimed_sizes(ckpt: Path, meta: dict) -> None:
 
 def _check_against_the_run(ckpt: Path, meta: dict) -> None:
     """Refuse shards whose tensors (names, dtypes, full shapes) are not the run's model's — built on the meta device
-    from the checkpoint's own config — before anything is allocated or written."""
+    from the checkpoint's own config — before anything is allocated or written. (A state.json without a config, not
+    one plelab's trainer writes, is consolidated unchecked, as before.)"""
     try:
-        cfg = RunConfig.from_dict(json.loads((ckpt / "state.json").read_text())["config"])
-    except (OSError, ValueError, KeyError, TypeError, PlelabError) as err:
+        saved = json.loads((ckpt / "state.json").read_text()).get("config")
+        if saved is None:
+            return
+        cfg = RunConfig.from_dict(saved)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, PlelabError) as err:
         raise PlelabError(f"checkpoint {ckpt}: its state.json holds no readable run config ({err}); consolidate an "
                           "earlier checkpoint") from None
     model = build_model(cfg.model, cfg.ple, device="meta")
