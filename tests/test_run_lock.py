@@ -188,3 +188,16 @@ def test_a_sweep_killed_with_kill_9_leaves_no_worker_training_and_its_rerun_cann
         sweep.kill()
         for pid in _workers(root):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_second_sweep_on_one_folder_is_refused_naming_the_holder(tmp_path):
+    from plelab.sweeps.runner import sweep_lock
+
+    with sweep_lock(tmp_path):
+        code = ("import sys; from pathlib import Path; from plelab.sweeps.runner import sweep_lock\n"
+                "with sweep_lock(Path(sys.argv[1])): pass\n")
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+        assert out.returncode != 0 and "sweep folder" in out.stderr and f"PID {os.getpid()}" in out.stderr
+    assert not (tmp_path / ".lock").exists()  # let go: the file goes with it
+    with sweep_lock(tmp_path):  # and the folder can be taken again
+        pass

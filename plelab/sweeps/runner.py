@@ -20,7 +20,6 @@ next step once the sweep is gone, even by ``kill -9``, which leaves no chance to
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -37,7 +36,7 @@ from tqdm.auto import tqdm
 from plelab.config import RunConfig, resolve_config
 from plelab.errors import PlelabError
 from plelab.io import ensure_dir, write_json
-from plelab.locks import PARENT_ENV
+from plelab.locks import PARENT_ENV, FolderLock
 from plelab.precision import PrecisionChoice, study_precision
 from plelab.runs import make_trainer, prepare_data, warm_caches
 from plelab.runtime import available_cores, resolve_device
@@ -156,14 +155,16 @@ def record_finished(job: RunJob) -> None:
 
 @contextmanager
 def sweep_lock(root: Path):
+    """Hold the sweep folder's lock (``SWEEP/.lock``, :class:`~plelab.locks.FolderLock`: the holder's PID named in a
+    refusal, a dead holder never blocking) while the block runs."""
     ensure_dir(root, "sweep folder", "choose another --out")
-    with open(Path(root) / ".lock", "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise PlelabError(f"another plelab sweep is running in {root}; wait for it or choose another --out"
-                              ) from None
+    lock = FolderLock.acquire(root, name=".lock", what="sweep folder",
+                              fix="wait for that sweep or choose another --out")
+    try:
         yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def prepare_runs(root: Path, spec: SweepSpec, study: str | None = None) -> list[RunJob]:
