@@ -10,10 +10,9 @@ A step: the task's micro-batches (fixed for the step) -> ``task.loss`` under bf1
 observers -> clip -> AdamW (the task's groups, LR from warmup + cosine) -> ``task.after_step`` -> metrics row ->
 every ``eval_every`` steps validation, every ``checkpoint_every`` steps an atomic checkpoint.
 
-A run folder is written by one process at a time: rank 0 holds its lock (:class:`plelab.locks.FolderLock`) from
-the trainer's start (or, for a new folder, from its creation) to the end of :meth:`Trainer.fit`; a second trainer
-on the folder is refused in one line before it reads or writes anything there. A sweep's worker (started with the
-sweep's PID in :data:`plelab.locks.PARENT_ENV`) stops at its next step, with a checkpoint, once the sweep is gone.
+The run folder (its lock, the files written at the start, the summary) is a
+:class:`~plelab.training.run_folder.RunFolder`, held from the trainer's start to the end of :meth:`Trainer.fit`. A
+sweep's worker stops at its next step, with a checkpoint, once the sweep is gone.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import contextlib
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,8 +31,6 @@ from plelab.config.paths import portable
 from plelab.distributed import all_ranks_ok, barrier, init_distributed, mean_across_ranks, sum_across_ranks
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
-from plelab.io import atomic_write, write_json
-from plelab.locks import FolderBusy, FolderLock, ParentWatch
 from plelab.model.accounting import flops_per_token
 from plelab.model.ple import TABLE_KEY
 from plelab.precision import PrecisionChoice
@@ -47,29 +43,11 @@ from plelab.training.nonfinite import describe_nonfinite, stop_message
 from plelab.training.optim import adamw, lr_multiplier, set_lr
 from plelab.training.parallel import fsdp_sharder, wrap_model
 from plelab.training.rows import RowCounter
+from plelab.training.run_folder import RunFolder, TrainResult, check_new_run
 from plelab.training.run_precision import legacy_precision, run_precision, with_precision
 from plelab.training.task import Batch, Observer, RunEnv, Task
 
-
-@dataclass
-class TrainResult:
-    train_losses: list[float] = field(default_factory=list)
-    val_history: list[tuple[int, float]] = field(default_factory=list)
-    tokens_seen: int = 0
-    wall_seconds: float = 0.0
-    tokens_per_second: float = 0.0
-
-    @property
-    def final_val_loss(self) -> float:
-        return self.val_history[-1][1]
-
-
-def check_new_run(run: Path, resume: bool) -> None:
-    """Refuse to start a new run (``resume`` False) in a folder that already holds one."""
-    held = [n for n in ("config.json", "metrics.jsonl", "checkpoints") if (run / n).exists()]
-    if held and not resume:
-        raise PlelabError(f"{run} already holds a run ({held[0]}); pass --resume to continue it, or choose another "
-                          "--out")
+__all__ = ["Trainer", "TrainResult", "check_new_run"]
 
 
 class Trainer:
@@ -82,11 +60,9 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         device = resolve_device(task.cfg.train.device)
         self.dist = init_distributed(device.type)
-        self.lock: FolderLock | None = None
-        # only a sweep's worker watches its parent (the sweep puts its PID in the environment)
-        self.parent_watch = ParentWatch.from_env() if self.run_dir is not None else None
-        if self.run_dir is not None:
-            self._hold_run(at_start=True)  # before anything in the folder is read: another run may be writing it
+        self.folder = RunFolder(self.run_dir, self.dist) if self.run_dir is not None else None
+        if self.folder is not None:
+            self.folder.hold(at_start=True)  # before anything in the folder is read: another run may be writing it
         try:
             self._setup(task, device, resume, observers)
         except BaseException:
@@ -149,27 +125,10 @@ class Trainer:
         return choice
 
     # ---- run folder, resume ------------------------------------------------------------------
-    def _hold_run(self, at_start: bool = False) -> None:
-        """Rank 0 takes the run folder's lock (collective: every rank raises if it cannot). At the start a folder not
-        made yet (or one where a lock file cannot be created) is left to :meth:`_open_run`, which locks it once made:
-        a refused new run leaves no folder behind."""
-        ok, why = True, ""
-        if self.dist.is_main and self.lock is None and (not at_start or self.run_dir.is_dir()):
-            try:
-                self.lock = FolderLock.acquire(self.run_dir)
-            except FolderBusy as err:
-                ok, why = False, str(err)
-            except OSError as err:
-                if not at_start:
-                    ok, why = False, f"cannot write to output folder {self.run_dir}: {err.strerror or err}"
-        if not all_ranks_ok(ok, self.dist):
-            raise PlelabError(why if self.dist.is_main else f"rank 0 could not lock the run folder {self.run_dir}")
-
     def release(self) -> None:
         """Let go of the run folder's lock (the end of :meth:`fit` does; so does a failed start). Idempotent."""
-        lock, self.lock = self.lock, None
-        if lock is not None:
-            lock.release()
+        if self.folder is not None:
+            self.folder.release()
 
     def _open_run(self, resume: bool) -> None:
         """Check everything first (every rank, nothing written), then rank 0 writes."""
@@ -178,51 +137,13 @@ class Trainer:
         latest = ckpt.latest_intact(run, self.log) if resume else None
         state = ckpt.read_state(latest) if latest is not None else None
         if state is not None:
-            train = state["config"].get("train", {})
-            if "precision" in train:  # a run from before precision was resolved recorded "auto"
-                train["precision"] = legacy_precision(train["precision"], self.device)
-            ckpt.check_resumable(run, state, self.cfg, keys_tagged("resume"), self.data_fingerprint)
-            # tensors first: a checkpoint that does not load leaves config.json as it was
-            ckpt.load_model_weights(self.model, latest)
-            # what its other tensors must be: the row counts whole, the task's by dtype (their shapes may grow)
-            extra = {k: (v.dtype, None) for k, v in self.task.checkpoint_tensors().items()}
-            extra.update({key: self.rows[name].counts for name, (_, key) in self.task.row_tables.items()})
-            saved = ckpt.load_optimizer_state(self.model, self.opt, latest, extra)
-            for name, (_, key) in self.task.row_tables.items():
-                # this rank continues counting from the global total on rank 0 only, so the sum stays exact
-                if key in saved and self.dist.is_main:
-                    self.rows[name].counts.copy_(saved[key].to(self.rows[name].counts.device))
-            self.task.restore(saved, state.get("extra", {}))
-            self.step, self.tokens_seen = state["step"], state["tokens_seen"]
-            self.val_history = [tuple(v) for v in state["val_history"]]
-            self.recent_losses = list(state["recent_train_losses"])
-            self.table_alpha = state.get("table_decay_alpha", 1.0)
-            self.skipped_steps = state.get("skipped_steps", 0)
-            self.wall_before = state["wall_seconds"]
+            self._resume_from(latest, state)
             self.log(f"resumed {run} from {latest.name} (step {self.step})")
         elif resume:
             self.log(f"no checkpoint in {run} yet: starting from step 0")
         MetricSinks.check_available(self.cfg.train)
         barrier(self.dist)  # every rank has checked before rank 0 writes
-        ok, why = True, ""
-        if main:
-            try:
-                run.mkdir(parents=True, exist_ok=True)
-                if self.lock is None:  # a folder made just now (or unlockable at the start): locked before writing
-                    self.lock = FolderLock.acquire(run)
-                    try:  # another new run took the folder meanwhile
-                        check_new_run(run, resume)
-                    except PlelabError as err:
-                        raise FolderBusy(str(err)) from None
-                write_json(run / "config.json", self.cfg.to_dict())
-                for name, text in self.task.run_files().items():
-                    atomic_write(run / name, lambda p, text=text: p.write_text(text))
-            except FolderBusy as err:
-                ok, why = False, str(err)
-            except OSError as err:
-                ok, why = False, f"cannot write to output folder {run}: {err.strerror or err}"
-        if not all_ranks_ok(ok, self.dist):
-            raise PlelabError(why if main else f"rank 0 could not write to {run}")
+        self.folder.write_start(resume, self.cfg.to_dict(), self.task.run_files())
         if main:
             if state is not None:
                 truncate_jsonl(run / "metrics.jsonl", self.step)
@@ -230,6 +151,31 @@ class Trainer:
                 (run / "metrics.jsonl").unlink(missing_ok=True)
             self.sinks = MetricSinks(run, self.cfg.train.tensorboard, self.cfg.train.wandb_project, self.cfg.to_dict())
         barrier(self.dist)
+
+    def _resume_from(self, latest: Path, state: dict) -> None:
+        """The model, optimizer, row counts, task state and loop counters of checkpoint ``latest`` (whose state
+        is ``state``), once it is known to belong to this run."""
+        train = state["config"].get("train", {})
+        if "precision" in train:  # a run from before precision was resolved recorded "auto"
+            train["precision"] = legacy_precision(train["precision"], self.device)
+        ckpt.check_resumable(self.run_dir, state, self.cfg, keys_tagged("resume"), self.data_fingerprint)
+        # tensors first: a checkpoint that does not load leaves config.json as it was
+        ckpt.load_model_weights(self.model, latest)
+        # what its other tensors must be: the row counts whole, the task's by dtype (their shapes may grow)
+        extra = {k: (v.dtype, None) for k, v in self.task.checkpoint_tensors().items()}
+        extra.update({key: self.rows[name].counts for name, (_, key) in self.task.row_tables.items()})
+        saved = ckpt.load_optimizer_state(self.model, self.opt, latest, extra)
+        for name, (_, key) in self.task.row_tables.items():
+            # this rank continues counting from the global total on rank 0 only, so the sum stays exact
+            if key in saved and self.dist.is_main:
+                self.rows[name].counts.copy_(saved[key].to(self.rows[name].counts.device))
+        self.task.restore(saved, state.get("extra", {}))
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        self.val_history = [tuple(v) for v in state["val_history"]]
+        self.recent_losses = list(state["recent_train_losses"])
+        self.table_alpha = state.get("table_decay_alpha", 1.0)
+        self.skipped_steps = state.get("skipped_steps", 0)
+        self.wall_before = state["wall_seconds"]
 
     @property
     def data_fingerprint(self) -> str:
@@ -369,30 +315,24 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train to ``train.steps``; the run folder's lock is let go when it returns or raises."""
         try:
-            if self.run_dir is not None:
-                self._hold_run()  # taken again when fit runs a second time
+            if self.folder is not None:
+                self.folder.hold()  # taken again when fit runs a second time
                 self._stop_if_orphaned(saved=True)
             return self._fit()
         finally:
             self.release()
 
-    def _parent_gone(self) -> bool:
-        """Whether the sweep that started this worker is gone (every rank agrees; False outside a sweep's worker)."""
-        if self.parent_watch is None:
-            return False
-        return not all_ranks_ok(not self.parent_watch.gone(), self.dist)
-
     def _stop_if_orphaned(self, saved: bool) -> None:
         """A sweep's worker whose sweep is gone (``kill -9``: it could not stop its workers) stops here, with a
         checkpoint of this step (unless ``saved``), so that it trains no further into a folder that a rerun of the
         sweep will write: the rerun resumes the run from this step."""
-        if not self._parent_gone():
+        if not self.folder.parent_gone():
             return
         if not saved:
             self.save_checkpoint()
-        raise PlelabError(f"the sweep that started this run (PID {self.parent_watch.pid}) is gone: {self.run_dir} "
-                          f"stopped at step {self.step} of {self.cfg.train.steps}; rerun the sweep to resume it from "
-                          "there")
+        raise PlelabError(f"the sweep that started this run (PID {self.folder.parent_watch.pid}) is gone: "
+                          f"{self.run_dir} stopped at step {self.step} of {self.cfg.train.steps}; rerun the sweep to "
+                          "resume it from there")
 
     def _fit(self) -> TrainResult:
         tc, main = self.cfg.train, self.dist.is_main
@@ -471,8 +411,4 @@ class Trainer:
             "params": sum(p.numel() for p in self.model.parameters()), "precision": self.precision.to_dict(),
             **self.task.summary(self.model, self.step, self.row_counts()),
             **provenance(self.cfg, self.data_fingerprint)}
-        try:
-            write_json(self.run_dir / "summary.json", summary)
-        except OSError as err:
-            raise PlelabError(f"cannot write {self.run_dir / 'summary.json'}: {err.strerror or err}; the final "
-                              "checkpoint is saved — free space and rerun with --resume to write the summary") from None
+        self.folder.write_summary(summary)
