@@ -46,6 +46,31 @@ def test_pairing_same_trunk_and_data_order_across_arms(tiny_data):
     assert torch.equal(batches[0], batches[1]) and not torch.equal(batches[0], batches[2])
 
 
+def test_a_runs_config_is_the_base_plus_typed_deltas_equal_to_resolving_afresh(tmp_path, monkeypatch):
+    """The sweep resolves its base once and applies each arm's overrides as typed values: every arm's config at
+    every seed equals preset + every override text resolved from scratch (paths included), and the base is
+    resolved once per spec."""
+    from plelab.sweeps import configs
+    from plelab.training.run_precision import with_precision
+    monkeypatch.chdir(tmp_path)
+    variants = {"wide": ["model.intermediate_size=96", "ple.vocab_size=200", "ple.vocab_remap=frequency"], "lr": ["train.lr=0.0031"]}
+    arms = dp_arms([0, 8, 16], list(plelab.sweeps.spec.CONTROLS[:-2]), variants=variants)
+    spec = _spec(arms=arms, seeds=[0, 5])
+    spec.overrides = [*spec.overrides, "data.tokenizer=relative-tok.json", "train.early_checkpoint=2"]
+    calls = []
+    real = configs.resolve_config
+    monkeypatch.setattr(configs, "resolve_config", lambda *a, **k: calls.append(a) or real(*a, **k))
+    for arm in spec.arms:
+        for seed in spec.seeds:
+            fresh = resolve_config(spec.preset, [*spec.overrides, *arm.overrides], seed=seed, steps=spec.steps)
+            fresh = with_precision(fresh, "fp32") if fresh.train.precision == "auto" else fresh
+            assert run_config(spec, arm, seed, "fp32").to_dict() == fresh.to_dict(), (arm.name, seed)
+    assert len(calls) == 1
+    assert run_config(spec, spec.arm("dp8"), 0).data.tokenizer == str(tmp_path / "relative-tok.json")
+    spec.steps = 3  # a changed spec is resolved again
+    assert run_config(spec, spec.arm("dp8"), 0).train.steps == 3 and len(calls) == 2
+
+
 def test_controls_change_only_what_they_claim(tiny_data):
     spec = _spec(arms=dp_arms([0, 16], ["frozen", "zero", "iid", "matched", "table-lr", "boost"]))
     names = [a.name for a in spec.arms]

@@ -193,13 +193,25 @@ def set_value(cfg: Any, key: str, value: Any, from_text: bool = False) -> None:
     setattr(owner, attr, _coerce(key, typ, value, from_text))
 
 
-def apply_overrides(cfg: Any, assignments: Iterable[str]) -> Any:
-    """Apply CLI assignments like ``['model.hidden_size=128', 'ple.gate=scalar']`` in order."""
+def typed_overrides(cfg: Any, assignments: Iterable[str]) -> list[tuple[str, Any]]:
+    """``['model.hidden_size=128', 'ple.gate=scalar']`` as ``[(key, value)]`` typed by ``cfg``'s schema (the
+    values :func:`set_value` takes as they are): text parsed once, then carried as objects."""
+    typed = []
     for item in assignments:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form section.key=value (e.g. model.hidden_size=128)")
-        key, raw = item.split("=", 1)
-        set_value(cfg, key.strip(), raw.strip(), from_text=True)
+        key, raw = (part.strip() for part in item.split("=", 1))
+        if key in LEGACY_KEYS:
+            typed.append((key, _coerce(key, bool, raw, from_text=True)))
+        else:
+            typed.append((key, _coerce(key, _resolve(cfg, key)[2], raw, from_text=True)))
+    return typed
+
+
+def apply_overrides(cfg: Any, assignments: Iterable[str]) -> Any:
+    """Apply CLI assignments like ``['model.hidden_size=128', 'ple.gate=scalar']`` in order."""
+    for key, value in typed_overrides(cfg, assignments):
+        set_value(cfg, key, value)
     return cfg
 
 

@@ -61,12 +61,12 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
     overrides = [*file_overrides, *overrides]
     if data:
         overrides.append(f"data.path={data}")
-    preset_cfg = resolve_config(preset, overrides, gate=gate, steps=steps)
-    run_steps = steps if steps is not None else preset_cfg.train.steps
-    early = preset_cfg.train.early_checkpoint
-    if not 0 < early <= run_steps // 2 and not any(o.startswith("train.early_checkpoint=") for o in overrides):
-        overrides.append(f"train.early_checkpoint={run_steps // 4}")  # the early verdict at a quarter (0 = none)
     base = resolve_config(preset, overrides, gate=gate, steps=steps)
+    run_steps = base.train.steps
+    if not 0 < base.train.early_checkpoint <= run_steps // 2 and not any(
+            o.startswith("train.early_checkpoint=") for o in overrides):
+        overrides.append(f"train.early_checkpoint={run_steps // 4}")  # the early verdict at a quarter (0 = none)
+        base.train.early_checkpoint = run_steps // 4
     dims = list(dp) if dp else [0, base.ple.dim]
     if any(d < 0 for d in dims):
         raise ConfigError(f"invalid --dp {','.join(map(str, dims))!r}: dP values (ple.dim) are integers >= 0")

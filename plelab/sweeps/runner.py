@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from plelab.config import RunConfig, resolve_config
+from plelab.config import RunConfig
 from plelab.errors import PlelabError
 from plelab.io import ensure_dir, write_json
 from plelab.locks import PARENT_ENV, FolderLock
@@ -41,6 +41,7 @@ from plelab.precision import PrecisionChoice, study_precision
 from plelab.runs import make_trainer, prepare_data, warm_caches
 from plelab.runtime import available_cores, resolve_device
 from plelab.sweeps.analysis_plan import stamp_run
+from plelab.sweeps.configs import base_config, run_config, sweep_precision
 from plelab.sweeps.eta import SweepClock, duration
 from plelab.sweeps.records import read_record, record_path, write_record
 from plelab.sweeps.spec import Arm, SweepSpec, run_dir, save_spec
@@ -58,36 +59,6 @@ class RunJob:
     @property
     def name(self) -> str:
         return f"{self.arm.name}/seed-{self.seed}"
-
-
-def run_config(spec: SweepSpec, arm: Arm, seed: int, study: str | None = None) -> RunConfig:
-    """The arm's config at ``seed``. An arm that leaves ``train.precision`` at ``auto`` trains in the study's
-    precision ``study`` (resolved once per sweep by :func:`sweep_precision`; without it, the study rule, as for a
-    sweep's unstarted runs read by a report); an arm's own explicit value is kept."""
-    cfg = resolve_config(spec.preset, [*spec.overrides, *arm.overrides], seed=seed, steps=spec.steps)
-    if cfg.train.precision != "auto":
-        return cfg
-    if study is None:
-        study = study_precision("auto", resolve_device(cfg.train.device)).resolved
-    return with_precision(cfg, study)
-
-
-def _sets_precision(arm: Arm) -> bool:
-    return any(o.split("=", 1)[0].strip() == "train.precision" for o in arm.overrides)
-
-
-def sweep_precision(root: Path, spec: SweepSpec) -> PrecisionChoice:
-    """The study's precision, once per sweep: what its started runs recorded (a resumed or grown sweep keeps it,
-    even on another machine), else :func:`plelab.precision.study_precision` on the sweep's base config."""
-    base = resolve_config(spec.preset, spec.overrides, steps=spec.steps)
-    device = resolve_device(base.train.device)
-    if base.train.precision == "auto":
-        for seed in spec.seeds:
-            for arm in spec.runnable():
-                recorded = None if _sets_precision(arm) else recorded_precision(run_dir(root, arm.name, seed), device)
-                if recorded is not None:
-                    return PrecisionChoice("auto", recorded, "recorded by this sweep's started runs")
-    return study_precision(base.train.precision, device)
 
 
 def _saved_or_resolved(spec: SweepSpec, arm: Arm, seed: int, path: Path, study: str | None) -> RunConfig:
@@ -197,7 +168,7 @@ def say(*args) -> None:
 
 def _device(spec: SweepSpec):
     """The torch.device the sweep's base config trains on."""
-    return resolve_device(resolve_config(spec.preset, spec.overrides, steps=spec.steps).train.device)
+    return resolve_device(base_config(spec).train.device)
 
 
 def _precision_line(choice: PrecisionChoice, jobs: list[RunJob], device) -> str:
