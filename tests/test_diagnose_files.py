@@ -4,6 +4,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import plelab
 from plelab.cli import main
 from plelab.diagnostics.diagnose import diagnose_run as diagnose
 
@@ -39,15 +40,20 @@ def test_bare_safetensors_needs_dims_then_streams_in_chunks(tmp_path, monkeypatc
     assert "pass --num-layers and --dp" in capsys.readouterr().err
     import plelab.diagnostics.tables as tables
 
-    whole = diagnose(tmp_path / "t.safetensors", num_layers=4, dim=16, progress=False)  # one chunk
+    whole = diagnose(tmp_path / "t.safetensors", num_layers=4, dp=16, progress=False)  # one chunk
     monkeypatch.setattr(tables, "CHUNK_BYTES", 4 * 64 * 100)  # 100-row chunks
-    chunked = diagnose(tmp_path / "t.safetensors", num_layers=4, dim=16, progress=False)
+    chunked = diagnose(tmp_path / "t.safetensors", num_layers=4, dp=16, progress=False)
     for a, b in zip(whole["layers"], chunked["layers"]):
         for key, value in a["wt_all"].items():
             assert b["wt_all"][key] == pytest.approx(value, rel=1e-9), key
     assert main(["diagnose", str(tmp_path / "t.safetensors"), "--num-layers", "5", "--dp", "16",
                  "--no-progress"]) == 2
     assert "not [Vp, L·dP]" in capsys.readouterr().err
+    with pytest.warns(DeprecationWarning, match="dp="):  # plelab.diagnose's old keyword works for one release
+        old = plelab.diagnose(tmp_path / "t.safetensors", num_layers=4, dim=16, progress=False)
+    assert old["layers"][0]["wt_all"] == pytest.approx(chunked["layers"][0]["wt_all"], rel=1e-9)
+    with pytest.raises(TypeError, match="dp only"):
+        plelab.diagnose(tmp_path / "t.safetensors", num_layers=4, dp=16, dim=16, progress=False)
 
 
 @pytest.mark.parametrize("make, needle", [

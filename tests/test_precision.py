@@ -231,3 +231,16 @@ def test_window_losses_through_the_chunked_head_equal_the_logits_path():
         logits = model(windows[:, :-1]).logits
         want = F.cross_entropy(logits.transpose(1, 2), windows[:, 1:], reduction="none").mean(1).double()
     assert got.shape == (6,) and torch.allclose(got, want, atol=2e-6, rtol=0)
+
+
+def test_a_run_is_evaluated_in_its_recorded_precision_except_emulated_bf16(monkeypatch):
+    from plelab.training import run_precision
+    cfg = resolve_config("cpu-tiny", ["train.precision=bf16"])
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(run_precision, "cpu_bf16_flags", lambda: ())
+    assert run_precision.eval_precision(cfg, cpu) == "fp32"  # emulated bf16 would be ≈ 8× slower
+    assert run_precision.eval_precision(cfg, torch.device("cuda")) == "bf16"
+    monkeypatch.setattr(run_precision, "cpu_bf16_flags", lambda: ("avx512_bf16",))
+    assert run_precision.eval_precision(cfg, cpu) == "bf16"
+    for recorded in ("fp32", "auto"):  # a run from before precision was resolved recorded auto: fp32 on a CPU
+        assert run_precision.eval_precision(resolve_config("cpu-tiny", [f"train.precision={recorded}"]), cpu) == "fp32"

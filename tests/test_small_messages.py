@@ -197,7 +197,7 @@ def test_a_foreign_config_with_a_non_integer_layer_count_is_one_line(tmp_path, l
                                                       "hidden_size_per_layer_input": 8}))
     with pytest.raises(PlelabError, match=r"says num_hidden_layers = .*not a positive integer; fix it or pass"):
         find_table(tmp_path)
-    assert find_table(tmp_path, num_layers=2, dim=8).num_layers == 2  # the flags, as the message says
+    assert find_table(tmp_path, num_layers=2, dp=8).num_layers == 2  # the flags, as the message says
 
 
 def test_export_of_a_run_whose_tokenizer_is_garbage_is_one_line_and_writes_nothing(tmp_path, capsys):

@@ -93,7 +93,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.out:
         check_folder_target(args.out, "--out", fix)
     rep = diagnose(args.path, reference=args.reference, null_run=args.null, use=not args.no_use,
-                   num_layers=args.num_layers, dim=args.dp, windows=args.windows, progress=not args.no_progress,
+                   num_layers=args.num_layers, dp=args.dp, windows=args.windows, progress=not args.no_progress,
                    null_reference=args.null_reference, init=args.init, reference_init=args.reference_init,
                    data=args.data, tokenizer=args.tokenizer, text_field=args.text_field, seq_len=args.seq_len,
                    allow_mismatch=args.allow_mismatch)

@@ -145,7 +145,7 @@ def _compared(report: dict, other: TableSource, what: str) -> TableSource:
 
 
 def diagnose_run(path: str | Path, reference: str | Path | None = None, null_run: str | Path | None = None,
-             use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int | None = None,
+             use: bool = True, num_layers: int | None = None, dp: int | None = None, windows: int | None = None,
              progress: bool = True, null_reference: str | Path | None = None, init: str | Path | None = None,
              reference_init: str | Path | None = None, foreign_use: ForeignUse | None = None,
              allow_mismatch: bool = False) -> dict:
@@ -166,7 +166,7 @@ def diagnose_run(path: str | Path, reference: str | Path | None = None, null_run
     if allow_mismatch and reference is None and null_run is None:
         raise PlelabError("--allow-mismatch lets a --reference or --null of another configuration be compared; "
                           "give one, or drop it")
-    source = find_table(path, num_layers, dim)
+    source = find_table(path, num_layers, dp)
     foreign = source.config is None and source.monitor is None
     if foreign and null_run is not None:
         raise PlelabError(f"--null compares with a matched null run's Δ and row counts, which {path} does not have "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from plelab.model.ple import IIDTableIds
+from plelab.model.ple import IIDTableIds, PLEModules
 from plelab.model.transformer import PLECausalLM
 
 
@@ -52,7 +52,7 @@ def mean_row_gradient(model: PLECausalLM, window: torch.Tensor, iid: IIDTableIds
     control's ids, drawn from the global generator).
 
     A frozen table (``ple.table=frozen``) is measured too: the gradient that would reach it."""
-    table = model.model.embed_tokens_per_layer.weight
+    table = PLEModules(model).table
     frozen = not table.requires_grad
     table.requires_grad_(True)
     model.zero_grad(set_to_none=True)
@@ -82,7 +82,7 @@ def id_information(model: PLECausalLM, train_windows: torch.Tensor, val_windows:
     cut = int(0.8 * len(h_all))
     h_tr, id_tr, y_tr = h_all[:cut], id_all[:cut], y_all[:cut]
     h_ho, id_ho, y_ho = h_all[cut:], id_all[cut:], y_all[cut:]
-    K, V = model.model.embed_tokens_per_layer.weight.shape[0], model.mc.vocab_size
+    K, V = PLEModules(model).table.shape[0], model.mc.vocab_size
     gen = torch.Generator().manual_seed(seed)
     a = (torch.randn(K, rank, generator=gen) * 0.1).requires_grad_()
     b = torch.zeros(rank, V, requires_grad=True)

@@ -117,7 +117,7 @@ def _find_in_safetensors(path: Path) -> tuple[Path, str, tuple]:
 MONITOR_FILE, MONITOR_TABLE = "monitor.json", "ple_table.safetensors"
 
 
-def _monitored(p: Path, num_layers: int | None, dim: int | None) -> TableSource | None:
+def _monitored(p: Path, num_layers: int | None, dp: int | None) -> TableSource | None:
     """The table of a folder :class:`plelab.Monitor` wrote (its run folder or one of its checkpoints), else None."""
     if p.is_dir() and (p / MONITOR_FILE).exists():
         run_dir = p
@@ -136,7 +136,7 @@ def _monitored(p: Path, num_layers: int | None, dim: int | None) -> TableSource 
     except (OSError, ValueError, KeyError, TypeError):
         raise PlelabError(f"{run_dir / MONITOR_FILE} is damaged (no valid shape); it is written by plelab.Monitor"
                           ) from None
-    if (num_layers or layers) != layers or (dim or d) != d:
+    if (num_layers or layers) != layers or (dp or d) != d:
         raise PlelabError(f"--num-layers/--dp disagree with the monitor's table (L={layers}, dP={d}); drop them")
     file, key, shape = _find_in_safetensors(ckpt / MONITOR_TABLE)
     if tuple(shape) != (rows, layers * d):
@@ -145,13 +145,13 @@ def _monitored(p: Path, num_layers: int | None, dim: int | None) -> TableSource 
                        run_dir=run_dir, checkpoint=ckpt, monitor=monitor)
 
 
-def find_table(path: str | Path, num_layers: int | None = None, dim: int | None = None) -> TableSource:
+def find_table(path: str | Path, num_layers: int | None = None, dp: int | None = None) -> TableSource:
     """Resolve a run folder, a checkpoint folder, a folder plelab.Monitor wrote, or a safetensors file/folder
     to its per-layer table."""
     p = Path(path)
     if not p.exists():
         raise PlelabError(f"{p} does not exist; pass a run folder, a checkpoint folder or a .safetensors file")
-    monitored = _monitored(p, num_layers, dim)
+    monitored = _monitored(p, num_layers, dp)
     if monitored is not None:
         return monitored
     run_dir = ckpt = None
@@ -175,22 +175,22 @@ def find_table(path: str | Path, num_layers: int | None = None, dim: int | None 
         if not cfg.ple.enabled:
             raise PlelabError(f"{ckpt} is a dP=0 run: it has no per-layer table to diagnose")
         given = [flag for flag, value, own in (("--num-layers", num_layers, cfg.model.num_hidden_layers),
-                                               ("--dp", dim, cfg.ple.dim)) if value is not None and value != own]
+                                               ("--dp", dp, cfg.ple.dim)) if value is not None and value != own]
         if given:
             raise PlelabError(f"{' and '.join(given)} disagree with the run's own config (L="
                               f"{cfg.model.num_hidden_layers}, dP={cfg.ple.dim}); they are for a bare safetensors "
                               "table — drop them for a run or checkpoint folder")
         file, key, shape = _find_in_safetensors(model_file(ckpt))
-        num_layers, dim = cfg.model.num_hidden_layers, cfg.ple.dim
+        num_layers, dp = cfg.model.num_hidden_layers, cfg.ple.dim
     else:
         file, key, shape = _find_in_safetensors(p)
-        hf_layers, hf_dim = _hf_dims(file.parent) if num_layers is None or dim is None else (None, None)
-        num_layers, dim = num_layers or hf_layers, dim or hf_dim
-        if num_layers is None or dim is None:
+        hf_layers, hf_dp = _hf_dims(file.parent) if num_layers is None or dp is None else (None, None)
+        num_layers, dp = num_layers or hf_layers, dp or hf_dp
+        if num_layers is None or dp is None:
             raise PlelabError(f"{file} has a per-layer table of shape {list(shape)} but no config.json with "
                               "num_hidden_layers and hidden_size_per_layer_input; pass --num-layers and --dp")
-    if len(shape) != 2 or shape[1] != num_layers * dim:
-        raise PlelabError(f"table {key} has shape {list(shape)}, not [Vp, L·dP] = [Vp, {num_layers}·{dim}]; "
+    if len(shape) != 2 or shape[1] != num_layers * dp:
+        raise PlelabError(f"table {key} has shape {list(shape)}, not [Vp, L·dP] = [Vp, {num_layers}·{dp}]; "
                           "check --num-layers and --dp")
-    return TableSource(file=file, key=key, rows=shape[0], num_layers=num_layers, dim=dim, config=cfg, step=step,
+    return TableSource(file=file, key=key, rows=shape[0], num_layers=num_layers, dim=dp, config=cfg, step=step,
                        run_dir=run_dir, checkpoint=ckpt)

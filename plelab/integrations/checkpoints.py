@@ -16,6 +16,7 @@ its use test needs (:class:`~plelab.diagnostics.foreign.ForeignUse`):
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -103,13 +104,19 @@ def data_windows(data: str | Path, tokenizer_path: str | Path, config: dict, voc
 
 
 def diagnose(path: str | Path, reference: str | Path | None = None, null_run: str | Path | None = None,
-             use: bool = True, num_layers: int | None = None, dim: int | None = None, windows: int | None = None,
+             use: bool = True, num_layers: int | None = None, dp: int | None = None, windows: int | None = None,
              progress: bool = True, null_reference: str | Path | None = None, init: str | Path | None = None,
              reference_init: str | Path | None = None, data: str | Path | None = None,
              tokenizer: str | Path | None = None, text_field: str = "text", seq_len: int | None = None,
-             allow_mismatch: bool = False) -> dict:
+             allow_mismatch: bool = False, dim: int | None = None) -> dict:
     """Everything ``plelab diagnose`` reports, as a JSON-ready dict (see the module doc for ``data``/``tokenizer``;
-    the other arguments: :func:`plelab.diagnostics.diagnose.diagnose_run`)."""
+    the other arguments: :func:`plelab.diagnostics.diagnose.diagnose_run`). ``dim`` is the old name of ``dp``
+    (deprecated; it warns)."""
+    if dim is not None:
+        if dp is not None:
+            raise TypeError("diagnose() got dp and its old name dim: give dp only")
+        warnings.warn("diagnose(dim=...) is deprecated: the table's dP is dp=", DeprecationWarning, stacklevel=2)
+        dp = dim
     if data is None and (tokenizer is not None or seq_len is not None):
         raise PlelabError("--tokenizer and --seq-len are for the use test on --data: add --data FILE, or drop them")
     if data is not None and not use:
@@ -117,7 +124,7 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
     foreign_use = None
     windows = calibrated_windows() if windows is None else windows
     if data is not None:
-        source = find_table(path, num_layers, dim)
+        source = find_table(path, num_layers, dp)
         if source.config is not None or source.monitor is not None:
             raise PlelabError(f"{path} is a plelab run or Monitor folder: its use test reads the run's own validation "
                               "data and model; drop --data/--tokenizer")
@@ -132,6 +139,6 @@ def diagnose(path: str | Path, reference: str | Path | None = None, null_run: st
         vocab = model.get_input_embeddings().num_embeddings
         win, counts, what = data_windows(data, tokenizer, config, vocab, source.rows, seq_len, windows, text_field)
         foreign_use = ForeignUse(model=model, table=table, windows=win, counts=counts, data=what)
-    return diagnose_run(path, reference=reference, null_run=null_run, use=use, num_layers=num_layers, dim=dim,
+    return diagnose_run(path, reference=reference, null_run=null_run, use=use, num_layers=num_layers, dp=dp,
                           windows=windows, progress=progress, null_reference=null_reference, init=init,
                           reference_init=reference_init, foreign_use=foreign_use, allow_mismatch=allow_mismatch)

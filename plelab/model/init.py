@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.model.layers import RMSNorm
+from plelab.model.ple import PLEModules
 from plelab.model.transformer import PLECausalLM
 from plelab.runtime import seeded_generator
 
@@ -181,7 +182,7 @@ def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | tor
         with torch.no_grad():
             rows.copy_(token_rows) if token_rows is not None else rows.fill_(-1)
     if pc.enabled and pc.table != "learned":  # the frozen / zero controls: the optimizer never sees it
-        model.model.embed_tokens_per_layer.weight.requires_grad_(False)
+        PLEModules(model).table.requires_grad_(False)
     if pc.enabled and not pc.gate_learn:  # a gate held at ple.gate_init
         for name, p in model.named_parameters():
             if name.endswith("per_layer_gate"):

@@ -19,7 +19,7 @@ from plelab.config.budget import check_run_budget, check_tokenizer_vocab
 from plelab.config.schema import RunConfig
 from plelab.data.pipeline import data_sources
 from plelab.diagnostics.live import LiveDiagnostics
-from plelab.distributed import init_distributed, shutdown
+from plelab.distributed import DistInfo, init_distributed, shutdown
 from plelab.integrations import hosts  # noqa: F401  (registers the HF and factory trunks)
 from plelab.locks import RUN_LOCK, FolderLock
 from plelab.runtime import resolve_device
@@ -90,11 +90,13 @@ def check_start(cfg: RunConfig, out_dir: str | Path | None, resume: bool) -> Non
 
 
 def make_trainer(cfg: RunConfig, data, out_dir: str | Path | None = None, *, resume: bool = False,
-                 progress: bool = True, log=print, observers: Sequence[Observer] = ()) -> Trainer:
-    """A :class:`~plelab.training.trainer.Trainer` for ``cfg`` on ``data`` with the default observers (then yours)."""
+                 progress: bool = True, log=print, observers: Sequence[Observer] = (),
+                 dist: DistInfo | None = None) -> Trainer:
+    """A :class:`~plelab.training.trainer.Trainer` for ``cfg`` on ``data`` with the default observers (then yours);
+    ``dist``: the process group already joined (else the trainer joins it)."""
     task = make_task(cfg, data)
     return Trainer(task, out_dir, resume=resume, progress=progress, log=log,
-                   observers=[*default_observers(task), *observers])
+                   observers=[*default_observers(task), *observers], dist=dist)
 
 
 def train(cfg: RunConfig, out_dir: str | Path | None = None, *, data=None, resume: bool = False,
@@ -112,7 +114,8 @@ def train(cfg: RunConfig, out_dir: str | Path | None = None, *, data=None, resum
         data = prepare_data(cfg, progress=progress, dist=dist) if data is None else data
         entropy = data.unigram_entropy(cfg.model.vocab_size)
         say(f"{cfg.preset} dP={cfg.ple.dim}: {describe_data(cfg, data)}; validation unigram entropy {entropy:.3f} nats")
-        trainer = make_trainer(cfg, data, out_dir, resume=resume, progress=progress, log=say, observers=observers)
+        trainer = make_trainer(cfg, data, out_dir, resume=resume, progress=progress, log=say, observers=observers,
+                               dist=dist)
         say(f"precision {trainer.precision.resolved} ({trainer.precision.reason})")
         result = trainer.fit()
         if result.val_history:

@@ -21,13 +21,12 @@ from plelab.data.pipeline import prepare_token_data
 from plelab.data.tokens import data_val_windows
 from plelab.errors import ConfigError, PlelabError
 from plelab.model.losses import window_losses
-from plelab.model.ple import IIDTableIds
-from plelab.precision import cpu_bf16_flags
+from plelab.model.ple import IIDTableIds, PLEModules
 from plelab.runtime import resolve_device, setup_torch
 from plelab.training.checkpoint import read_state
 from plelab.training.loading import checkpoint_of, load_for_eval
 from plelab.training.rows import row_counts
-from plelab.training.run_precision import legacy_precision
+from plelab.training.run_precision import eval_precision
 
 
 def evaluate(path: str | Path, *, device: str = "auto", windows: int | None = None, batch: int | None = None,
@@ -57,11 +56,10 @@ def evaluate(path: str | Path, *, device: str = "auto", windows: int | None = No
     chosen = data_val_windows(data, cfg.train.seq_len, n)
     # as the trainer evaluates: its micro-batch (the i.i.d. null's draws are seeded per chunk) and precision
     batch = batch or max(1, cfg.train.batch_size // (cfg.train.grad_accum * state.get("world_size", 1)))
-    # the precision the run recorded; on a CPU without bf16 units bf16 is emulated (≈ 8× slower): fp32 there
-    bf16 = legacy_precision(cfg.train.precision, device) == "bf16" and (device.type != "cpu" or bool(cpu_bf16_flags()))
+    bf16 = eval_precision(cfg, device) == "bf16"
     with torch.no_grad(), (torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()):
         losses = window_losses(model, chosen, batch, device, iid)
-    table = model.model.embed_tokens_per_layer.weight if cfg.ple.enabled else None
+    table = PLEModules(model).table if cfg.ple.enabled else None
     return {"checkpoint": str(ckpt), "val_loss": float(losses.mean()), "windows": len(chosen),
             "device": str(device), "table_device": str(table.device) if table is not None else None,
             "table_memory_mapped": bool(cfg.ple.enabled and not table_in_memory), "load_seconds": load_s}

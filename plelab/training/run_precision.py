@@ -1,5 +1,7 @@
-"""A run's precision, resolved once: ``train.precision`` through :func:`plelab.precision.resolve_precision` with
-the run's own GEMM shapes, or, for a resumed run, the precision its ``config.json`` recorded (never probed again).
+"""A run's precision, in one place: resolved once for training (``train.precision`` through
+:func:`plelab.precision.resolve_precision` with the run's own GEMM shapes, or, for a resumed run, the precision its
+``config.json`` recorded — never probed again), read back for evaluation (:func:`eval_precision`), and read from
+started run folders by a sweep (:func:`recorded_precision`; the study rule is :func:`plelab.precision.study_precision`).
 
 Runs written before precision was resolved recorded ``auto``, which then meant bf16 on CUDA and fp32 elsewhere;
 :func:`legacy_precision` reads it so.
@@ -16,7 +18,7 @@ import torch
 from plelab.config.schema import RunConfig
 from plelab.model.accounting import forward_gemms
 from plelab.model.init import build_model
-from plelab.precision import PrecisionChoice, resolve_precision, step_gemms
+from plelab.precision import PrecisionChoice, cpu_bf16_flags, resolve_precision, step_gemms
 
 
 def legacy_precision(recorded: str, device: torch.device) -> str:
@@ -52,6 +54,15 @@ def run_precision(cfg: RunConfig, device: torch.device, micro_batch: int, run_di
     if requested != "auto" or device.type != "cpu":
         return resolve_precision(requested, device)
     return resolve_precision(requested, device, run_gemms(cfg, micro_batch))
+
+
+def eval_precision(cfg: RunConfig, device: torch.device) -> str:
+    """The precision a trained run is evaluated in on ``device``: the one it recorded, except bf16 on a CPU without
+    bf16 units, where bf16 is emulated (≈ 8× slower): fp32 there."""
+    recorded = legacy_precision(cfg.train.precision, device)
+    if recorded == "bf16" and device.type == "cpu" and not cpu_bf16_flags():
+        return "fp32"
+    return recorded
 
 
 def with_precision(cfg: RunConfig, resolved: str) -> RunConfig:

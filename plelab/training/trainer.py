@@ -28,11 +28,11 @@ from tqdm.auto import tqdm
 
 from plelab.config import keys_tagged
 from plelab.config.paths import portable
-from plelab.distributed import all_ranks_ok, barrier, init_distributed, mean_across_ranks, sum_across_ranks
+from plelab.distributed import DistInfo, all_ranks_ok, barrier, init_distributed, mean_across_ranks, sum_across_ranks
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
 from plelab.model.accounting import flops_per_token
-from plelab.model.ple import TABLE_KEY
+from plelab.model.ple import TABLE_KEY, PLEModules
 from plelab.precision import PrecisionChoice
 from plelab.provenance import provenance
 from plelab.runtime import available_cores, resolve_device, seed_everything, setup_torch
@@ -54,12 +54,15 @@ class Trainer:
     """Runs ``task`` to ``task.cfg.train.steps`` (the task's resolved config is the run's config)."""
 
     def __init__(self, task: Task, run_dir: str | Path | None = None, *, resume: bool = False,
-                 progress: bool = True, log=print, observers: Sequence[Observer] = ()) -> None:
+                 progress: bool = True, log=print, observers: Sequence[Observer] = (),
+                 dist: DistInfo | None = None) -> None:
+        """``dist``: the process group already joined (:func:`plelab.distributed.init_distributed`); joined here
+        when not given."""
         # the run records its paths absolute (config.json, state, summary): its config works from any directory
         self.task, self.cfg, self.log, self.progress = task, portable(task.cfg), log, progress
         self.run_dir = Path(run_dir) if run_dir is not None else None
         device = resolve_device(task.cfg.train.device)
-        self.dist = init_distributed(device.type)
+        self.dist = dist if dist is not None else init_distributed(device.type)
         self.folder = RunFolder(self.run_dir, self.dist) if self.run_dir is not None else None
         if self.folder is not None:
             self.folder.hold(at_start=True)  # before anything in the folder is read: another run may be writing it
@@ -92,7 +95,7 @@ class Trainer:
         shard = fsdp_sharder(self.env.bf16) if self.sharded else None
         self.model = task.build_model("cpu" if tc.table_device == "cpu" else None, table_sparse, shard)
         self.lm = task.language_model(self.model)
-        self.sparse_table = self.lm.model.embed_tokens_per_layer.weight if table_sparse else None
+        self.sparse_table = PLEModules(self.lm).table if table_sparse else None
         self.rows = {name: RowCounter(n, self.device) for name, (n, _) in task.row_tables.items()}
         table_apart = self.sparse_table is not None or (cfg.ple.enabled and tc.table_device == "cpu")
         self.wrapped = wrap_model(self.model, tc.parallel, self.dist, self.device,

@@ -34,6 +34,7 @@ from plelab.diagnostics.structure import gaussian_null, matrix_stats
 from plelab.diagnostics.usage import weight_swapped, within_bin_permutation
 from plelab.diagnostics.verdict import use_verdict
 from plelab.model.init import initial_normal, table_init_std
+from plelab.model.ple import PLEModules
 from plelab.training.checkpoint import read_state
 from plelab.visual.model import VISUAL_TABLE
 from plelab.visual.text import PAD
@@ -83,7 +84,7 @@ def paired_change(base: torch.Tensor, new: torch.Tensor, mask: torch.Tensor) -> 
 
 def table_weights(model, learned_only: bool = False) -> dict[str, torch.nn.Parameter]:
     """The run's per-layer tables by name (``learned_only``: leave out a frozen or zeroed text table)."""
-    text = model.lm.model.embed_tokens_per_layer.weight
+    text = PLEModules(model.lm).table
     out = {} if learned_only and model.lm.pc.table != "learned" else {"text": text}
     if model.num_ids:
         out["visual"] = model.visual_embed_tokens_per_layer.weight
