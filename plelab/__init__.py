@@ -22,11 +22,16 @@ _EXPORTS: dict[str, str] = {
     # configs and presets
     "RunConfig": "plelab.config", "ModelConfig": "plelab.config", "PLEConfig": "plelab.config",
     "TrainConfig": "plelab.config", "DataConfig": "plelab.config", "PRESETS": "plelab.config",
+    "AuxConfig": "plelab.config",
     "get_preset": "plelab.config", "resolve_config": "plelab.config",
     # the model and the PLE mechanism
     "build_model": "plelab.model", "PLECausalLM": "plelab.model", "CausalLMOutput": "plelab.model",
     "PerLayerEmbedding": "plelab.model.ple", "PerLayerInjection": "plelab.model.ple",
     "IIDTableIds": "plelab.model.ple", "token_table_ids": "plelab.model.ple", "frequency_rows": "plelab.model.ple",
+    # the table family's other kinds (aux.kind) and the exact accounting of any of them
+    "ValueEmbeddings": "plelab.model.value_embed", "HashedNgramEmbedding": "plelab.model.ngram",
+    "TokenModulation": "plelab.model.modulation", "ngram_ids": "plelab.model.ngram",
+    "account": "plelab.model.accounting", "Accounting": "plelab.model.accounting",
     # what the CLI verbs do
     "train": "plelab.runs", "evaluate": "plelab.training.evaluate", "diagnose": "plelab.integrations.checkpoints",
     "sweep": "plelab.sweeps.commands", "pack": "plelab.sweeps.commands", "report": "plelab.reports",

@@ -100,14 +100,16 @@ def test_tagged_key_lists_equal_the_lists_kept_by_hand_before():
     # keeps the precision its run resolved)
     # and the kind of run (issue 55: RunConfig.kind, before it visual.enabled inside the visual section)
     assert keys_tagged("resume") == ("kind", "seed", "model", "ple", "train.batch_size", "train.seq_len",
-                                     "train.table_optimizer", "train.precision", "visual")
+                                     "train.table_optimizer", "train.precision", "aux", "visual")
     # plelab/stats/advise.py's _MATCH as it was written by hand (model: every key), the data keys of issue 18 and
     # data.embedded (issue 25: which embedded corpus is another corpus)
     match = [("model", None), ("ple", ("vocab_size", "vocab_remap", "gate", "gate_init", "gate_learn", "table_init_std",
                                        "ids", "table", "table_scale", "table_scale_dim")),
              ("train", ("steps", "batch_size", "seq_len", "lr", "table_lr", "table_lr_mult", "weight_decay",
                         "table_weight_decay", "warmup_steps", "min_lr_ratio")),
-             ("data", ("path", "embedded", "mix", "tokenizer", "val_fraction", "tokenizer_sample_chars", "val_shard"))]
+             ("data", ("path", "embedded", "mix", "tokenizer", "val_fraction", "tokenizer_sample_chars", "val_shard")),
+             ("aux", ("kind", "init", "layers", "gate_channels", "orders", "heads", "rows", "rows_multiple", "dim",
+                      "hash_seed"))]  # issue 56: the table family's kind and sizes
     assert keys_tagged("advise") == ("kind",) + tuple(s if keys is None else f"{s}.{k}" for s, keys in match for k in keys or [s])
     # plelab/sweeps/runner.py's data_key: all of data, model.vocab_size, visual minus table / injection / loss_weight
     visual = [f"visual.{f.name}" for f in dataclasses.fields(VisualConfig)

@@ -1,6 +1,7 @@
 """One config system: dataclasses (``schema``), named presets, typed overrides, config files, and the one
 function that resolves a run's config from them (``resolve_run_config``)."""
 
+from plelab.config.aux_schema import AUX_KINDS, AuxConfig
 from plelab.config.files import read_config_file
 from plelab.config.lists import parse_numbers
 from plelab.config.overrides import all_keys, apply_overrides, as_override, get_value, load_dict, set_value
@@ -32,7 +33,7 @@ def keys_tagged(tag: str) -> tuple[str, ...]:
 
 
 __all__ = [
-    "GATE_KINDS", "PRESETS", "QUANTIZER_IDS", "VISUAL_IDS", "DataConfig", "ModelConfig", "PLEConfig", "RunConfig",
+    "AUX_KINDS", "AuxConfig", "GATE_KINDS", "PRESETS", "QUANTIZER_IDS", "VISUAL_IDS", "DataConfig", "ModelConfig", "PLEConfig", "RunConfig",
     "TrainConfig", "VisualConfig", "all_keys", "apply_overrides", "as_override", "config_file_overrides",
     "config_from_dict", "get_preset", "get_value", "keys_tagged", "load_dict", "parse_numbers", "read_config_file",
     "resolve_config", "resolve_run_config", "set_value",

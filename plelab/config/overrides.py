@@ -130,8 +130,10 @@ def _coerce(key: str, typ: Any, value: Any, from_text: bool) -> Any:
     if origin is list:
         if from_text and isinstance(value, str):
             text = value.strip()
-            value = [] if text in ("", "[]") or text.lower() in NONE_WORDS else \
-                [v.strip() for v in text.split(",") if v.strip()]
+            if text.startswith("[") and text.endswith("]"):  # a list as Python prints it: [2, 3]
+                text = text[1:-1].strip()
+            value = [] if text == "" or text.lower() in NONE_WORDS else \
+                [v.strip().strip("'\"") for v in text.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise bad
         return [_coerce(key, get_args(typ)[0], v, from_text) for v in value]

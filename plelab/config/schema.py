@@ -22,6 +22,7 @@ from typing import Literal, get_args
 
 from plelab.config.checks import (_ADVISE, _ADVISE_PATH, _DATA, _PATH, _RESUME, _RESUME_ADVISE, _require,
                                   _require_choice)
+from plelab.config.aux_schema import AUX_KINDS, AuxConfig
 from plelab.config.overrides import load_dict, tags
 from plelab.config.visual_schema import QUANTIZER_IDS, VISUAL_IDS, Injection, QuantizerIds, VisualConfig, VisualIds
 from plelab.errors import ConfigError
@@ -326,6 +327,8 @@ class RunConfig:
     ple: PLEConfig = field(default_factory=PLEConfig, metadata=_RESUME)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig, metadata=_DATA)
+    # The run's token-indexed table: PLE (ple.dim) or another kind of the family (plelab.config.aux_schema).
+    aux: AuxConfig = field(default_factory=AuxConfig, metadata=_RESUME)
     visual: VisualConfig = field(default_factory=VisualConfig, metadata=_RESUME)
 
     def validate(self) -> RunConfig:
@@ -335,6 +338,19 @@ class RunConfig:
         self.train.validate()
         self.data.validate()
         _require(self.kind in KIND_MODULES, "kind", self.kind, " | ".join(KIND_MODULES))
+        self.aux.validate(self.model.num_hidden_layers, self.model.hidden_size, self.model.vocab_size)
+        if self.aux.extra:
+            _require(not self.ple.enabled, "ple.dim", self.ple.dim, f"0 under aux.kind={self.aux.kind} (one table "
+                     "kind per run, each compared with the same trunk): set ple.dim=0, or aux.kind=ple")
+            _require(self.kind == "text", "aux.kind", self.aux.kind, "ple in a visual run")
+            _require(self.model.host == "plelab", "aux.kind", self.aux.kind,
+                     "ple on a host trunk (model.hf_config / model.factory): the other kinds are built into "
+                     "plelab's decoder")
+            _require(self.train.table_optimizer == "adamw" and self.train.table_device == "auto",
+                     "train.table_optimizer", self.train.table_optimizer, f"adamw (and train.table_device=auto) under "
+                     f"aux.kind={self.aux.kind}: the row-sparse optimizer and the host-kept table are PLE's")
+            _require(self.train.parallel == "ddp", "train.parallel", self.train.parallel,
+                     f"ddp under aux.kind={self.aux.kind} (its tables are not sharded yet)")
         self.visual.validate()
         if self.kind == "visual":
             _require(not self.visual.per_layer_table or self.ple.enabled, "visual.ids", self.visual.ids,
@@ -358,5 +374,5 @@ class RunConfig:
         return load_dict(cls(), d)
 
 
-__all__ = ["GATE_KINDS", "QUANTIZER_IDS", "VISUAL_IDS", "DataConfig", "Injection", "ModelConfig", "PLEConfig",
+__all__ = ["AUX_KINDS", "GATE_KINDS", "AuxConfig", "QUANTIZER_IDS", "VISUAL_IDS", "DataConfig", "Injection", "ModelConfig", "PLEConfig",
            "QuantizerIds", "RunConfig", "TrainConfig", "VisualConfig", "VisualIds"]

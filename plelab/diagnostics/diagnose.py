@@ -255,7 +255,7 @@ def diagnose_run(path: str | Path, reference: str | Path | None = None, null_run
         use_table = _monitored_use(run, report)
     elif use:
         host = get_host(run.cfg)  # None: plelab's decoder
-        model = (build_model(run.cfg.model, run.cfg.ple, seed=run.cfg.seed) if host is None
+        model = (build_model(run.cfg.model, run.cfg.ple, seed=run.cfg.seed, ac=run.cfg.aux) if host is None
                  else host.build(run.cfg, "cpu"))
         load_model_weights(model, source.checkpoint)
         iid = (IIDTableIds(torch.from_numpy(row_counts(run.cfg, run.data))) if run.cfg.ple.ids == "iid"

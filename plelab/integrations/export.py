@@ -103,6 +103,9 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
     cfg = RunConfig.from_dict(read_state(ckpt, for_resume=False)["config"])
     if not task_kind(cfg).exportable:
         raise PlelabError(f"{ckpt} is a {cfg.kind} run: export writes text models (its model has no HF class)")
+    if cfg.aux.extra:
+        raise PlelabError(f"{ckpt} has a table of kind aux.kind={cfg.aux.kind}, which no HF model class holds: export "
+                          "writes Gemma-layout models — read it with plelab eval / generate (plelab.load_for_eval)")
     if cfg.ple.enabled and cfg.ple.ids != "token":
         raise PlelabError(f"{ckpt} is a null-control run (ple.ids={cfg.ple.ids}): its table rows are keyed by random "
                           "draws, so the model means nothing outside plelab; export a run with ple.ids=token")

@@ -10,6 +10,9 @@ Three views of one model, cross-checked against each other:
 - ``flops_per_token``: training FLOPs per token, ``6·N_matmul + 12·L·n_heads·head_dim·T``
   (PaLM appendix B / torchtitan / nanochat convention). Table lookups are not matmuls and
   are excluded; the tied LM head is a matmul and is included.
+
+The table family's other kinds (``aux.kind``) are two groups: ``aux_table`` (the token- or bucket-indexed rows) and
+``aux_other`` (value gates; the n-gram projection and per-layer scales), counted by their modules' closed forms.
 """
 
 from __future__ import annotations
@@ -20,16 +23,22 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from plelab.config.aux_schema import AuxConfig
 from plelab.config.schema import ModelConfig, PLEConfig
+from plelab.model import modulation, ngram, value_embed
 from plelab.model.init import build_model
 from plelab.model.ple import TABLE_KEY
 from plelab.model.transformer import PLECausalLM
 
 GROUPS: tuple[str, ...] = (
     "embed_tokens", "lm_head", "attention", "mlp", "norms",
-    "ple_table", "ple_model_projection", "ple_per_layer",
+    "ple_table", "ple_model_projection", "ple_per_layer", "aux_table", "aux_other",
 )
 PLE_GROUPS: tuple[str, ...] = ("ple_table", "ple_model_projection", "ple_per_layer")
+AUX_GROUPS: tuple[str, ...] = ("aux_table", "aux_other")
+ADDED_GROUPS = PLE_GROUPS + AUX_GROUPS  # what a table of the family adds over the trunk
+AUX_ROOTS = ("value_embeddings", "ngram_embedding", "token_modulation")  # model.<root>.*
+AUX_TABLES = ("embeds", "embed")  # their tables: value_embeddings.embeds.{l}, ngram_embedding.embed, ...
 _PER_LAYER_PLE = ("per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm", "per_layer_gate")
 
 
@@ -42,6 +51,8 @@ def group_of(name: str) -> str:
         return "lm_head"
     if name == TABLE_KEY:
         return "ple_table"
+    if parts[1] in AUX_ROOTS:
+        return "aux_table" if parts[2] in AUX_TABLES else "aux_other"
     if parts[1] in ("per_layer_model_projection", "per_layer_projection_norm"):
         return "ple_model_projection"
     if name == "model.norm.weight":
@@ -74,7 +85,27 @@ def counts_from_model(model: nn.Module) -> dict[str, int]:
     return {g: sum(p.numel() for _, p in members) for g, members in accounting_groups(model).items()}
 
 
-def closed_form_counts(mc: ModelConfig, pc: PLEConfig) -> dict[str, int]:
+def aux_counts(mc: ModelConfig, ac: AuxConfig | None) -> tuple[int, int, int]:
+    """``(aux_table, aux_other, matmul weights)`` of the run's aux table (zeros for ``aux.kind=ple``), from the
+    modules' closed forms."""
+    if ac is None or not ac.extra:
+        return 0, 0, 0
+    H, L, V = mc.hidden_size, mc.num_hidden_layers, mc.vocab_size
+    if ac.kind == "value":
+        numbers = (V, L, mc.num_key_value_heads, mc.resolved_head_dim, ac.layers or None, ac.gate_channels)
+        total = value_embed.added_params(*numbers)
+        matmul = value_embed.flops_per_token(*numbers) // 2  # the gates: 2 FLOPs per weight per token
+        return total - matmul, matmul, matmul
+    if ac.kind == "ngram":
+        rows = ac.rows if ac.rows is not None else ngram.ngram_rows(V, ac.rows_multiple)
+        numbers = (V, H, L, ac.orders, ac.heads, rows, ac.dim)
+        total = ngram.added_params(*numbers)
+        matmul = ngram.flops_per_token(*numbers) // 2  # the projection
+        return total - matmul - L, matmul + L, matmul
+    return modulation.added_params(V, H, L), 0, 0
+
+
+def closed_form_counts(mc: ModelConfig, pc: PLEConfig, ac: AuxConfig | None = None) -> dict[str, int]:
     """Parameter count per group from formulas alone (no model is built)."""
     H, L, V, hd = mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, mc.resolved_head_dim
     nq, nkv, F = mc.num_attention_heads, mc.num_key_value_heads, mc.intermediate_size
@@ -90,23 +121,26 @@ def closed_form_counts(mc: ModelConfig, pc: PLEConfig) -> dict[str, int]:
         c["ple_model_projection"] = H * L * dP + dP
         per_layer = {"gemma": 2 * H * dP + H, "scalar": H * dP + 1, "vector": H * dP + H, "none": H * dP}[pc.gate]
         c["ple_per_layer"] = per_layer * L
+    c["aux_table"], c["aux_other"], _ = aux_counts(mc, ac)
     return c
 
 
-def matched_trunk(mc: ModelConfig, pc: PLEConfig, seq_len: int, match: str) -> ModelConfig:
+def matched_trunk(mc: ModelConfig, pc: PLEConfig, seq_len: int, match: str,
+                  ac: AuxConfig | None = None) -> ModelConfig:
     """The PLE-free trunk whose wider FFN spends what PLE at ``pc`` adds: ``match="params"`` equal total
     parameters, ``"flops"`` equal training FLOPs per token (both linear in ``intermediate_size``: the nearest
-    integer width). The baseline a PLE gain must beat to be worth its parameters or its compute."""
-    off = dataclasses.replace(pc, dim=0)
+    integer width). The baseline a PLE gain must beat to be worth its parameters or its compute. ``ac``: the same
+    for another kind of the table family (with ``ple.dim=0``)."""
+    off, no_aux = dataclasses.replace(pc, dim=0), AuxConfig()
     per_unit = {"params": 3 * mc.hidden_size * mc.num_hidden_layers,  # gate, up, down: H·F each, per layer
                 "flops": 6 * 3 * mc.hidden_size * mc.num_hidden_layers}[match]
-    cost = {"params": lambda m, p: sum(closed_form_counts(m, p).values()),
-            "flops": lambda m, p: flops_per_token(m, p, seq_len)}[match]
-    extra = round((cost(mc, pc) - cost(mc, off)) / per_unit)
+    cost = {"params": lambda m, p, a: sum(closed_form_counts(m, p, a).values()),
+            "flops": lambda m, p, a: flops_per_token(m, p, seq_len, a)}[match]
+    extra = round((cost(mc, pc, ac) - cost(mc, off, no_aux)) / per_unit)
     return dataclasses.replace(mc, intermediate_size=mc.intermediate_size + extra)
 
 
-def matmul_params(mc: ModelConfig, pc: PLEConfig) -> int:
+def matmul_params(mc: ModelConfig, pc: PLEConfig, ac: AuxConfig | None = None) -> int:
     """Weights used in matmuls per token: every Linear, plus the LM head (tied or not)."""
     c = closed_form_counts(mc, pc)
     lm_head = mc.vocab_size * mc.hidden_size
@@ -115,7 +149,7 @@ def matmul_params(mc: ModelConfig, pc: PLEConfig) -> int:
     if pc.enabled:
         ple = H * L * pc.dim  # per_layer_model_projection
         ple += L * H * pc.dim * (2 if pc.gate == "gemma" else 1)  # gate (gemma only) + projection
-    return c["attention"] + c["mlp"] + lm_head + ple
+    return c["attention"] + c["mlp"] + lm_head + ple + aux_counts(mc, ac)[2]
 
 
 def matmul_params_from_model(model: PLECausalLM) -> int:
@@ -136,15 +170,16 @@ def forward_gemms(model: nn.Module, tokens: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def flops_per_token(mc: ModelConfig, pc: PLEConfig, seq_len: int) -> int:
+def flops_per_token(mc: ModelConfig, pc: PLEConfig, seq_len: int, ac: AuxConfig | None = None) -> int:
     """Training FLOPs per token (forward + backward): ``6·N_matmul + 12·L·n_heads·head_dim·T``."""
     attn = 12 * mc.num_hidden_layers * mc.num_attention_heads * mc.resolved_head_dim * seq_len
-    return 6 * matmul_params(mc, pc) + attn
+    return 6 * matmul_params(mc, pc, ac) + attn
 
 
 @dataclass
 class Accounting:
-    """Exact counts of one configuration. ``added`` is everything PLE adds over the dP=0 trunk."""
+    """Exact counts of one configuration. ``added`` is everything its table (PLE or another kind) adds over the
+    dP=0 trunk."""
 
     dim: int
     groups: dict[str, int]
@@ -152,6 +187,7 @@ class Accounting:
     matmul: int
     flops_per_token: int
     seq_len: int
+    aux: str = "ple"
 
     @property
     def total(self) -> int:
@@ -159,7 +195,7 @@ class Accounting:
 
     @property
     def added(self) -> int:
-        return sum(self.groups[g] for g in PLE_GROUPS)
+        return sum(self.groups[g] for g in ADDED_GROUPS)
 
     @property
     def added_pct(self) -> float:
@@ -170,21 +206,23 @@ class Accounting:
                 "added_pct_of_base": round(self.added_pct, 4),
                 "ple_table": self.groups["ple_table"],
                 "ple_model_projection": self.groups["ple_model_projection"],
-                "ple_per_layer": self.groups["ple_per_layer"],
+                "ple_per_layer": self.groups["ple_per_layer"], "aux_kind": self.aux,
+                "aux_table": self.groups["aux_table"], "aux_other": self.groups["aux_other"],
                 "matmul_params": self.matmul, "train_flops_per_token": self.flops_per_token,
                 "seq_len": self.seq_len, "groups": dict(self.groups)}
 
 
-def account(mc: ModelConfig, pc: PLEConfig, seq_len: int) -> Accounting:
+def account(mc: ModelConfig, pc: PLEConfig, seq_len: int, ac: AuxConfig | None = None) -> Accounting:
     """Count on a meta-device model and cross-check every number against the closed form."""
-    model = build_model(mc, pc, device="meta")
+    model = build_model(mc, pc, device="meta", ac=ac)
     groups = counts_from_model(model)
-    formula = closed_form_counts(mc, pc)
+    formula = closed_form_counts(mc, pc, ac)
     if groups != formula:
         raise AssertionError(f"parameter count mismatch: model {groups} vs closed form {formula}")
     matmul = matmul_params_from_model(model)
-    if matmul != matmul_params(mc, pc):
-        raise AssertionError(f"matmul count mismatch: model {matmul} vs closed form {matmul_params(mc, pc)}")
-    base = sum(v for g, v in groups.items() if g not in PLE_GROUPS)
+    if matmul != matmul_params(mc, pc, ac):
+        raise AssertionError(f"matmul count mismatch: model {matmul} vs closed form {matmul_params(mc, pc, ac)}")
+    base = sum(v for g, v in groups.items() if g not in ADDED_GROUPS)
     return Accounting(dim=pc.dim, groups=groups, base=base, matmul=matmul,
-                      flops_per_token=flops_per_token(mc, pc, seq_len), seq_len=seq_len)
+                      flops_per_token=flops_per_token(mc, pc, seq_len, ac), seq_len=seq_len,
+                      aux=ac.kind if ac is not None else "ple")

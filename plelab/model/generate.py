@@ -24,6 +24,8 @@ class KVCache:
     def __init__(self) -> None:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        # the last n-1 tokens seen, for a hashed n-gram table's next positions (set by the model that has one)
+        self.ngram_tokens: torch.Tensor | None = None
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this step's ``k, v`` for ``layer_idx``; return every position's."""

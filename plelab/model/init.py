@@ -13,7 +13,8 @@ Init convention (HF ``PreTrainedModel._init_weights``): Linear and Embedding wei
 normal(0, ``initializer_range``), RMSNorm weights 1. The per-layer table uses
 ``ple.table_init_std`` when set (zeros, frozen, for ``ple.table=zero``; ``frozen`` keeps the
 random init and takes it out of the optimizer). Learned scalar/vector gates start at ``ple.gate_init``
-(and stay there with ``ple.gate_learn=false``).
+(and stay there with ``ple.gate_learn=false``). The table family's other kinds (``aux.kind``) are set by their
+module's own ``reset_parameters`` (``aux.init``), drawn on CPU from the generator of ``(seed, module name)``.
 Unlike HF Gemma, no table row is a padding row: every row is trainable.
 """
 
@@ -26,10 +27,14 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from plelab.config.aux_schema import AuxConfig
 from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.model.layers import RMSNorm
+from plelab.model.modulation import TokenModulation
+from plelab.model.ngram import HashedNgramEmbedding
 from plelab.model.ple import PLEModules
 from plelab.model.transformer import PLECausalLM
+from plelab.model.value_embed import ValueEmbeddings
 from plelab.runtime import seeded_generator
 
 #: tensors with more elements are drawn in row blocks of at most this many elements
@@ -42,13 +47,18 @@ def table_init_std(mc: ModelConfig, pc: PLEConfig) -> float:
 
 
 def init_spec(model: PLECausalLM) -> dict[str, tuple[str, float]]:
-    """Map every parameter name to ``(kind, value)``: ``("normal", std)``, ``("ones", 1)`` or ``("const", v)``."""
+    """Map every parameter name to ``(kind, value)``: ``("normal", std)``, ``("ones", 1)``, ``("const", v)`` or
+    ``("module", 0)`` (an aux module's, set by :func:`init_aux`)."""
     mc, pc = model.mc, model.pc
     table_std = table_init_std(mc, pc)
     spec: dict[str, tuple[str, float]] = {}
+    for name, module in aux_modules(model).items():
+        spec.update({f"{name}.{p_name}": ("module", 0.0) for p_name, _ in module.named_parameters()})
     for mod_name, module in model.named_modules():
         for p_name, _ in module.named_parameters(recurse=False):
             full = f"{mod_name}.{p_name}" if mod_name else p_name
+            if full in spec:
+                continue
             if isinstance(module, RMSNorm):
                 spec[full] = ("ones", 1.0)
             elif p_name == "per_layer_gate":
@@ -60,6 +70,29 @@ def init_spec(model: PLECausalLM) -> dict[str, tuple[str, float]]:
             else:
                 raise AssertionError(f"no init rule for parameter {full}")
     return spec
+
+
+AUX_MODULES = (ValueEmbeddings, HashedNgramEmbedding, TokenModulation)
+# aux.init=native: each source's own init under its module's name for it
+NATIVE = {ValueEmbeddings: "nanochat", HashedNgramEmbedding: "modded", TokenModulation: "normal"}
+
+
+def aux_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """The table family's modules other than PLE in ``model``, by module name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, AUX_MODULES)}
+
+
+def init_aux(name: str, module: nn.Module, seed: int, mc: ModelConfig, ac: AuxConfig) -> None:
+    """Set one aux module's values (``aux.init``) from the CPU generator of ``(seed, name)``: the same values on
+    every device. nanochat's value tables use std ``H^-½`` (its ``n_embd^-½``), the others ``initializer_range``."""
+    device = next(module.parameters()).device
+    if device.type != "cpu":
+        module.to("cpu")
+    std = mc.hidden_size ** -0.5 if isinstance(module, ValueEmbeddings) else mc.initializer_range
+    init = NATIVE[type(module)] if ac.init == "native" else "function-preserving"
+    module.reset_parameters(generator=seeded_generator(seed, name), std=std, init=init)
+    if device.type != "cpu":
+        module.to(device)
 
 
 def init_block_rows(shape: tuple[int, ...]) -> int:
@@ -124,9 +157,13 @@ def init_weights(model: PLECausalLM, seed: int) -> PLECausalLM:
     tensor's values; no rank draws or holds the other rows of a blocked tensor.
     """
     spec = init_spec(model)
+    for name, module in aux_modules(model).items():
+        init_aux(name, module, seed, model.mc, model.ac)
     for name, param in model.named_parameters():
         kind, value = spec[name]
         target = param.to_local() if isinstance(param, DTensor) else param
+        if kind == "module":
+            continue
         if kind == "normal":
             rows = shard_rows(param) if isinstance(param, DTensor) else None
             initial_normal(name, tuple(param.shape), seed, value, rows=rows, out=target)
@@ -149,7 +186,8 @@ def materialise(model: PLECausalLM, device: str | torch.device, table_device: st
 def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | torch.device = "cpu",
                 dtype: torch.dtype = torch.float32, table_device: str | torch.device | None = None,
                 table_sparse: bool = False, shard: Callable[[nn.Module], None] | None = None,
-                activation_checkpointing: bool = False, token_rows: torch.Tensor | None = None) -> PLECausalLM:
+                activation_checkpointing: bool = False, token_rows: torch.Tensor | None = None,
+                ac: AuxConfig | None = None) -> PLECausalLM:
     """Construct on the meta device (instant at any size), then materialise on ``device`` and init.
 
     ``device="meta"`` returns the uninitialised skeleton, for parameter accounting. ``table_device``
@@ -160,7 +198,7 @@ def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | tor
     the values the unsharded model has (:func:`init_weights`). ``activation_checkpointing``: see
     :class:`~plelab.model.transformer.PLETextModel`. ``token_rows [V]``: the id -> row map of
     ``ple.vocab_remap=frequency`` (:func:`~plelab.model.ple.frequency_rows`); without it the map is unfilled
-    until a checkpoint is loaded, and reading it raises.
+    until a checkpoint is loaded, and reading it raises. ``ac``: the run's ``aux`` section (None: PLE only).
     """
     if token_rows is not None and not (pc.enabled and pc.vocab_remap == "frequency"):
         raise ValueError("token_rows is the id -> row map of ple.vocab_remap=frequency; this config has no remap")
@@ -169,7 +207,8 @@ def build_model(mc: ModelConfig, pc: PLEConfig, seed: int = 0, device: str | tor
         raise ValueError(f"token_rows must map each of the {mc.vocab_size} ids to a row in [0, "
                          f"{pc.resolved_vocab_size(mc)}), got shape {tuple(token_rows.shape)}")
     with torch.device("meta"):
-        model = PLECausalLM(mc, pc, table_sparse=table_sparse, activation_checkpointing=activation_checkpointing)
+        model = PLECausalLM(mc, pc, table_sparse=table_sparse, activation_checkpointing=activation_checkpointing,
+                            ac=ac)
     if str(device) == "meta":
         return model
     if shard is not None:

@@ -73,11 +73,15 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None,
-                layer_idx: int = 0) -> torch.Tensor:
+                layer_idx: int = 0, value_residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``value_residual [B, n_kv, T, head_dim]``: added to the values before they are cached and attended
+        (a value embedding's term, :class:`~plelab.model.value_embed.ValueEmbeddings`)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if value_residual is not None:
+            v = v + value_residual
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, layer_idx)

@@ -17,6 +17,12 @@ Tensor names are HF's: ``model.embed_tokens``, ``model.embed_tokens_per_layer``,
 ``model.layers.{l}.per_layer_input_gate``, ``.per_layer_projection``,
 ``.post_per_layer_input_norm``, ``model.norm``. With ``dP = 0`` none of the PLE tensors
 exist and the model is exactly the baseline trunk.
+
+The other kinds of the table family (``aux.kind``; with ``dP = 0``) enter as their sources put them:
+
+    value       layer l in aux.layers: v ← v + 3·sigmoid(W_g,l x[..., :c]) ⊙ VE_l[x]   model.value_embeddings.*
+    ngram       before layer l:         h ← h + λ_l · W_proj concat_s E[hash_s(x)]     model.ngram_embedding.*
+    modulation  layer l's MLP update:   h ← h + MLP(RMSNorm(h)) ⊙ (1 + M[x]_l)          model.token_modulation.*
 """
 
 from __future__ import annotations
@@ -29,10 +35,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from plelab.config.aux_schema import AuxConfig
 from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.model.layers import Attention, RMSNorm, SwiGLU, rotary_cos_sin
 from plelab.model.losses import head_cross_entropy
+from plelab.model.modulation import TokenModulation
+from plelab.model.ngram import HashedNgramEmbedding, ngram_rows
 from plelab.model.ple import PerLayerEmbedding, PerLayerInjection, keep_unregistered, token_table_ids
+from plelab.model.value_embed import ValueEmbeddings
 
 
 class DecoderLayer(nn.Module):
@@ -56,9 +66,14 @@ class DecoderLayer(nn.Module):
         return self.per_layer_injection(h, p)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                per_layer_input: torch.Tensor | None = None, cache=None, layer_idx: int = 0) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, layer_idx)
-        h = h + self.mlp(self.post_attention_layernorm(h))
+                per_layer_input: torch.Tensor | None = None, cache=None, layer_idx: int = 0,
+                value_embed=None, modulation: torch.Tensor | None = None) -> torch.Tensor:
+        """``value_embed``: ``x [B,T,H] -> [B,n_kv,T,hd]``, the value embedding's term from the attention input;
+        ``modulation [B,T,H]``: this layer's ``M[x]_l``, scaling the MLP update by ``1 + M[x]_l``."""
+        x = self.input_layernorm(h)
+        h = h + self.self_attn(x, cos, sin, cache, layer_idx, value_embed(x) if value_embed is not None else None)
+        update = self.mlp(self.post_attention_layernorm(h))
+        h = h + (update if modulation is None else TokenModulation.modulate(update, modulation))
         if per_layer_input is not None:
             h = h + self.per_layer_injection(h, per_layer_input)
         return h
@@ -73,9 +88,9 @@ class PLETextModel(nn.Module):
     about one layer's activations instead of L layers', one more forward of the stack per step."""
 
     def __init__(self, mc: ModelConfig, pc: PLEConfig, table_sparse: bool = False,
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool = False, ac: AuxConfig | None = None) -> None:
         super().__init__()
-        self.mc, self.pc = mc, pc
+        self.mc, self.pc, self.ac = mc, pc, ac if ac is not None else AuxConfig()
         self.activation_checkpointing = activation_checkpointing
         if pc.enabled and pc.vocab_remap == "frequency":
             # the table row of every token id (ple.vocab_remap=frequency); -1 until filled by build_model's
@@ -91,6 +106,16 @@ class PLETextModel(nn.Module):
         keep_unregistered(self, "per_layer_embedding", embedding)
         self.layers = nn.ModuleList(DecoderLayer(mc, pc) for _ in range(L))
         self.norm = RMSNorm(H, mc.rms_norm_eps)
+        ac, V = self.ac, mc.vocab_size
+        if ac.kind == "value":
+            self.value_embeddings = ValueEmbeddings(V, L, mc.num_key_value_heads, mc.resolved_head_dim,
+                                                    layers=ac.layers or None, gate_channels=ac.gate_channels)
+        elif ac.kind == "ngram":
+            self.ngram_embedding = HashedNgramEmbedding(
+                V, H, L, orders=ac.orders, heads=ac.heads, dim=ac.dim, seed=ac.hash_seed,
+                rows=ac.rows if ac.rows is not None else ngram_rows(V, ac.rows_multiple))
+        elif ac.kind == "modulation":
+            self.token_modulation = TokenModulation(V, H, L)
         # A Python float (HF keeps it as a non-persistent buffer; same value in fp32).
         self.embed_scale = math.sqrt(H) if mc.scale_embeddings else 1.0
 
@@ -148,14 +173,37 @@ class PLETextModel(nn.Module):
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         cos, sin = rotary_cos_sin(h.shape[1], self.mc.resolved_head_dim, self.mc.rope_theta, h.device, h.dtype,
                                   offset=past)
+        y = self.ngram_term(input_ids, past_key_values) if self.ac.kind == "ngram" else None
+        M = self.token_modulation(input_ids) if self.ac.kind == "modulation" else None
+        values = self.value_embeddings if self.ac.kind == "value" else None
         recompute = self.activation_checkpointing and torch.is_grad_enabled() and past_key_values is None
         for i, layer in enumerate(self.layers):
             p = P[:, :, i] if P is not None else None
+            if y is not None:
+                h = h + self.ngram_embedding.layer_term(y, i)
+            ve = (lambda x, i=i: values(x, input_ids, i)) if values is not None and i in values.layers else None
+            m = M[:, :, i] if M is not None else None
             if recompute:
-                h = checkpoint(layer, h, cos, sin, p, None, i, use_reentrant=False)
+                h = checkpoint(layer, h, cos, sin, p, None, i, ve, m, use_reentrant=False)
             else:
-                h = layer(h, cos, sin, p, past_key_values, i)
+                h = layer(h, cos, sin, p, past_key_values, i, ve, m)
         return self.norm(h)
+
+    def ngram_term(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
+        """The hashed n-gram table's ``y [B,T,H]`` for ``input_ids [B,T]``; with a KV cache the n-grams reach back
+        into the positions before ``input_ids`` (the cache keeps their last tokens), as one forward over the whole
+        sequence would."""
+        ngram = self.ngram_embedding
+        if cache is None:
+            return ngram(input_ids)
+        keep = max(ngram.orders) - 1
+        before = getattr(cache, "ngram_tokens", None) if cache.get_seq_length() > 0 else None
+        if cache.get_seq_length() > 0 and before is None:
+            raise ValueError("a hashed n-gram table decoding with a KV cache needs the cache to keep the last tokens "
+                             "(plelab's KVCache does): use plelab.model.generate.KVCache, or no cache")
+        seen = input_ids if before is None else torch.cat([before, input_ids], dim=1)
+        cache.ngram_tokens = seen[:, seen.shape[1] - min(keep, seen.shape[1]):]
+        return ngram(seen)[:, seen.shape[1] - input_ids.shape[1]:]
 
 
 @dataclass
@@ -169,10 +217,12 @@ class PLECausalLM(nn.Module):
     """Decoder-only LM with optional PLE. Build it with :func:`plelab.model.build_model`."""
 
     def __init__(self, mc: ModelConfig, pc: PLEConfig, table_sparse: bool = False,
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool = False, ac: AuxConfig | None = None) -> None:
         super().__init__()
         self.mc, self.pc = mc, pc
-        self.model = PLETextModel(mc, pc, table_sparse=table_sparse, activation_checkpointing=activation_checkpointing)
+        self.model = PLETextModel(mc, pc, table_sparse=table_sparse, activation_checkpointing=activation_checkpointing,
+                                  ac=ac)
+        self.ac = self.model.ac
         if not mc.tie_word_embeddings:
             self.lm_head = nn.Linear(mc.hidden_size, mc.vocab_size, bias=False)
 

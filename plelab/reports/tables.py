@@ -27,14 +27,22 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title
     return "\n".join(out)
 
 
+def _arm(a: Accounting) -> str | int:
+    """A row's name: its dP (PLE rows, 0 = the trunk), or its aux kind."""
+    return a.aux if a.aux != "ple" else a.dim
+
+
 def accounting_tables(preset: str, rows: list[Accounting], shape: str) -> str:
-    """The seed's dP table, the PLE breakdown and the compute view, as exact integers."""
+    """The seed's dP table, the PLE breakdown and the compute view, as exact integers; rows of the table family's
+    other kinds (``aux.kind``) are named by their kind, with their own breakdown."""
     base = rows[0].base
+    aux = any(a.aux != "ple" for a in rows)
+    first = "dP / kind" if aux else "dP"
     t1 = format_table(
-        ["dP", "added params", "% of base", "total params"],
-        [[a.dim, f"{a.added:,}" if a.dim else "—", f"{a.added_pct:.2f}%" if a.dim else "—", f"{a.total:,}"]
+        [first, "added params", "% of base", "total params"],
+        [[_arm(a), f"{a.added:,}" if a.added else "—", f"{a.added_pct:.2f}%" if a.added else "—", f"{a.total:,}"]
          for a in rows],
-        title=f"PLE parameter accounting — preset {preset} ({shape}); base (dP=0) = {base:,}",
+        title=f"{'Table' if aux else 'PLE'} parameter accounting — preset {preset} ({shape}); base (dP=0) = {base:,}",
     )
     t2 = format_table(
         ["dP", "table Vp·L·dP", "model-level proj+norm", "per-layer gate+proj+norm", "added"],
@@ -42,14 +50,22 @@ def accounting_tables(preset: str, rows: list[Accounting], shape: str) -> str:
           f"{a.groups['ple_per_layer']:,}", f"{a.added:,}"] for a in rows if a.dim],
         title="PLE breakdown",
     )
+    t2b = format_table(
+        ["kind", "table rows × width", "gates / projection / scales", "added"],
+        [[a.aux, f"{a.groups['aux_table']:,}", f"{a.groups['aux_other']:,}", f"{a.added:,}"]
+         for a in rows if a.aux != "ple"],
+        title="Other kinds' breakdown (value: per-layer tables + per-head gates; ngram: hashed table + projection + "
+              "per-layer λ; modulation: one [V, L·H] table)",
+    )
     t3 = format_table(
-        ["dP", "matmul params", "lookup params", f"train FLOPs/token (T={rows[0].seq_len})", "vs dP=0"],
-        [[a.dim, f"{a.matmul:,}", f"{a.groups['embed_tokens'] + a.groups['ple_table']:,}",
+        [first, "matmul params", "lookup params", f"train FLOPs/token (T={rows[0].seq_len})", "vs dP=0"],
+        [[_arm(a), f"{a.matmul:,}", f"{a.groups['embed_tokens'] + a.groups['ple_table'] + a.groups['aux_table']:,}",
           f"{a.flops_per_token:,}", f"{100.0 * (a.flops_per_token / rows[0].flops_per_token - 1):+.2f}%"]
          for a in rows],
         title="Compute (lookups excluded from FLOPs; the tied LM head counts as a matmul)",
     )
-    return "\n\n".join(t for t in (t1, t2 if any(a.dim for a in rows) else "", t3) if t)
+    parts = (t1, t2 if any(a.dim for a in rows) else "", t2b if aux else "", t3)
+    return "\n\n".join(t for t in parts if t)
 
 
 def fmt(x, spec: str = ".4f") -> str:

@@ -75,7 +75,7 @@ def points_from_runs(paths: Sequence[str | Path], count: str = "non-embedding") 
         if not task_kind(cfg).text_model:
             notes.append(f"skipped {run}: a {cfg.kind} run (the fit reads text runs)")
             continue
-        acc = account(cfg.model, cfg.ple, cfg.train.seq_len)
+        acc = account(cfg.model, cfg.ple, cfg.train.seq_len, cfg.aux)
         n = acc.base - (acc.groups["embed_tokens"] + acc.groups.get("lm_head", 0) if count == "non-embedding" else 0)
         points.append(Point(arm_name(cfg), float(n), tokens, loss, int(cfg.seed), str(run)))
         corpora.add(summary.get("corpus_fingerprint"))

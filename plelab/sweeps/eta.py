@@ -70,7 +70,7 @@ def probe_rate(cfg: RunConfig, threads: int, steps: int = PROBE_STEPS) -> float:
     torch.set_flush_denormal(True)  # as every CPU worker trains (plelab.runtime.setup_torch)
     torch.set_num_threads(threads)
     try:
-        model = build_model(mc, cfg.ple, seed=0, token_rows=rows)
+        model = build_model(mc, cfg.ple, seed=0, token_rows=rows, ac=cfg.aux)
         opt = build_optimizer(model, t)
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, mc.vocab_size, (t.batch_size // t.grad_accum, t.seq_len), generator=gen)
@@ -87,14 +87,14 @@ def probe_rate(cfg: RunConfig, threads: int, steps: int = PROBE_STEPS) -> float:
             times.append(time.perf_counter() - start)
     finally:
         torch.set_num_threads(before)
-    flops = flops_per_token(mc, cfg.ple, t.seq_len) * t.batch_size * t.seq_len
+    flops = flops_per_token(mc, cfg.ple, t.seq_len, cfg.aux) * t.batch_size * t.seq_len
     return flops / statistics.median(times[PROBE_WARMUP:])
 
 
 def run_flops(cfg: RunConfig) -> float:
     """Model FLOPs of one run: its training steps (forward + backward) and its evaluations (forward only)."""
     t = cfg.train
-    per_token = flops_per_token(cfg.model, cfg.ple, t.seq_len)
+    per_token = flops_per_token(cfg.model, cfg.ple, t.seq_len, cfg.aux)
     train = per_token * t.steps * t.batch_size * t.seq_len
     evals = -(-t.steps // t.eval_every)  # every eval_every steps and at the last (the trainer never evaluates step 0)
     return train + per_token / 3 * evals * t.eval_batches * t.batch_size * t.seq_len

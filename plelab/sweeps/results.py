@@ -261,7 +261,7 @@ def collect(root: str | Path, structure: bool = True) -> SweepResults:
             runs[arm.name] = runs[arm.alias_of]
         cfg = run_config(spec, arm, spec.seeds[0])
         configs[arm.name] = cfg.to_dict()
-        accounting[arm.name] = (account(cfg.model, cfg.ple, cfg.train.seq_len).to_dict() if cfg.model.host == "plelab"
+        accounting[arm.name] = (account(cfg.model, cfg.ple, cfg.train.seq_len, cfg.aux).to_dict() if cfg.model.host == "plelab"
                                 else host_accounting(cfg))
     if not runs.get(spec.baseline):
         raise PlelabError(f"{root}: the baseline {spec.baseline} has no finished run yet, and every comparison is "

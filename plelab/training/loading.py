@@ -68,7 +68,7 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu",
                           "trunk: eval, export and generate read plelab's own decoder — load it with "
                           "plelab.load_host_run(path) (plelab diagnose reads it as it is)")
     with torch.device("meta"):
-        model = PLECausalLM(cfg.model, cfg.ple)
+        model = PLECausalLM(cfg.model, cfg.ple, ac=cfg.aux)
     tm = model.model
     file = model_file(ckpt)
     mapped = mmap_table and cfg.ple.enabled

@@ -10,6 +10,8 @@ Groups (they partition the model's parameters; asserted):
   ``train.table_weight_decay`` (default 0). Absent when the table is frozen (``ple.table``).
   With ``train.table_optimizer=row-sparse`` the group is marked ``row_sparse`` and stepped row by row
   (:mod:`plelab.training.sparse`); every other group is plain AdamW either way.
+- ``aux_table``: the tables of the family's other kinds (``aux.kind``: value, n-gram, modulation tables), with the
+  table's learning rate and weight decay, so each kind's table trains as PLE's does.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import nn
 
 from plelab.config.schema import TrainConfig
 from plelab.errors import PlelabError
+from plelab.model.init import aux_modules
 from plelab.model.ple import PLEModules, find_ple_modules
 from plelab.training.sparse import RowSparseAdamW
 
@@ -46,23 +49,28 @@ def param_groups(model: nn.Module, *, lr: float, table_lr: float | None = None, 
             raise PlelabError(f"plelab.param_groups: {err}") from None
         lookup = None
     table = None if lookup is None else lookup.weight
-    if (table is None or not table.requires_grad) and (table_lr is not None or table_weight_decay):
+    aux_tables = {id(m.weight) for module in aux_modules(model).values() for m in module.modules()
+                  if isinstance(m, nn.Embedding) and m.weight.requires_grad}
+    if (table is None or not table.requires_grad) and not aux_tables and (table_lr is not None or table_weight_decay):
         where = "has no per-layer table" if table is None else "has its per-layer table frozen"
         raise PlelabError(f"plelab.param_groups: table_lr / table_weight_decay given but the model {where}; "
                           "leave them out (or add PLE with plelab.PerLayerEmbedding / plelab.attach)")
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    groups: dict[str, list] = {"decay": [], "no_decay": [], "ple_table": []}
+    groups: dict[str, list] = {"decay": [], "no_decay": [], "ple_table": [], "aux_table": []}
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         if p is table:
             groups["ple_table"].append(p)
+        elif id(p) in aux_tables:
+            groups["aux_table"].append(p)
         elif p.ndim < 2 or id(p) in embeddings:
             groups["no_decay"].append(p)
         else:
             groups["decay"].append(p)
     assert sum(len(v) for v in groups.values()) == len(trainable), "optimizer groups do not cover the model"
     spec = {"decay": (lr, weight_decay), "no_decay": (lr, 0.0),
-            "ple_table": (lr if table_lr is None else table_lr, table_weight_decay)}
+            "ple_table": (lr if table_lr is None else table_lr, table_weight_decay),
+            "aux_table": (lr if table_lr is None else table_lr, table_weight_decay)}
     sparse = lookup is not None and table.requires_grad and lookup.sparse
     return [adamw_group(k, v, *spec[k], **({"row_sparse": True} if sparse and k == "ple_table" else {}))
             for k, v in groups.items() if v]
@@ -74,7 +82,7 @@ def optimizer_groups(model: nn.Module, tc: TrainConfig) -> list[dict]:
     try:
         trainable_table = PLEModules(model).table.requires_grad
     except LookupError:
-        trainable_table = False
+        trainable_table = bool(aux_modules(model))
     groups = param_groups(model, lr=tc.lr, weight_decay=tc.weight_decay,
                           **({"table_lr": table_lr(tc), "table_weight_decay": tc.table_weight_decay}
                              if trainable_table else {}))

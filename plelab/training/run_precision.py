@@ -38,8 +38,8 @@ def recorded_precision(run_dir: Path, device: torch.device) -> str | None:
 
 
 def run_gemms(cfg: RunConfig, micro_batch: int) -> list[tuple[int, int, int]]:
-    """The GEMMs of one micro-batch's training step of the run's text trunk (with its PLE), from the meta model."""
-    model = build_model(cfg.model, cfg.ple, device="meta")
+    """The GEMMs of one micro-batch's training step of the run's text trunk (with its table), from the meta model."""
+    model = build_model(cfg.model, cfg.ple, device="meta", ac=cfg.aux)
     return step_gemms(forward_gemms(model, micro_batch * cfg.train.seq_len))
 
 

@@ -197,7 +197,7 @@ def _check_against_the_run(ckpt: Path, meta: dict) -> None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError, PlelabError) as err:
         raise PlelabError(f"checkpoint {ckpt}: its state.json holds no readable run config ({err}); consolidate an "
                           "earlier checkpoint") from None
-    model = build_model(cfg.model, cfg.ple, device="meta")
+    model = build_model(cfg.model, cfg.ple, device="meta", ac=cfg.aux)
     found = {name: (m.properties.dtype, tuple(m.size)) for name, m in meta.items()}
     check_tensors(f"the shards of checkpoint {ckpt}", found, model.state_dict(keep_vars=True),
                   "consolidate an earlier checkpoint")

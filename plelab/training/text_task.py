@@ -63,7 +63,7 @@ class TextTask(Task):
         return build_model(c.model, c.ple, seed=c.seed, device=self.env.device, table_device=table_device,
                            table_sparse=table_sparse, shard=shard,
                            activation_checkpointing=c.train.activation_checkpointing,
-                           token_rows=self.token_rows)
+                           token_rows=self.token_rows, ac=c.aux)
 
     def param_groups(self, model: nn.Module) -> list[dict]:
         return optimizer_groups(model, self.cfg.train)

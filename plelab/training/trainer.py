@@ -103,7 +103,7 @@ class Trainer:
         self.opt = adamw(task.param_groups(self.model))
         self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
         self.tokens_per_step = task.tokens_per_step
-        self.flops_per_token = flops_per_token(cfg.model, cfg.ple, tc.seq_len)
+        self.flops_per_token = flops_per_token(cfg.model, cfg.ple, tc.seq_len, cfg.aux)
         self.peak_flops = gpu_peak_flops(self.device)
         self.step, self.tokens_seen, self.wall_before = 0, 0, 0.0
         self.val_history: list[tuple[int, float]] = []

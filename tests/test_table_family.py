@@ -1,0 +1,138 @@
+"""The table family in plelab's decoder (aux.kind = value / ngram / modulation): a start equal to the trunk, exact
+cached decoding, exact accounting, parameter groups, training, resume bit-identical, and the refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import plelab
+from plelab.cli import main
+from plelab.config import resolve_config
+from plelab.errors import ConfigError, PlelabError
+from plelab.model.accounting import account
+from plelab.model.generate import KVCache
+from plelab.model.init import build_model
+from plelab.model.ngram import ngram_rows
+from plelab.training.optim import optimizer_groups
+
+KINDS = ("value", "ngram", "modulation")
+ROOTS = {"value": "model.value_embeddings.", "ngram": "model.ngram_embedding.",
+         "modulation": "model.token_modulation."}
+
+
+def _cfg(kind: str, *sets: str):
+    return resolve_config("cpu-tiny", [f"aux.kind={kind}", *sets], dp=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_kind_starts_as_its_trunk_then_changes_it_and_decodes_with_a_cache_exactly(kind):
+    trunk_cfg = resolve_config("cpu-tiny", dp=0)
+    trunk = build_model(trunk_cfg.model, trunk_cfg.ple, seed=3)
+    cfg = _cfg(kind)
+    model = build_model(cfg.model, cfg.ple, seed=3, ac=cfg.aux)
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, trunk(ids).logits)  # function-preserving: exactly the trunk
+        added = [(n, p) for n, p in model.named_parameters() if n.startswith(ROOTS[kind])]
+        assert added and {n for n, _ in model.named_parameters()} - {n for n, _ in added} == \
+            {n for n, _ in trunk.named_parameters()}
+        for _, p in added:  # a trained table: the term is live
+            p.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+        full = model(ids).logits
+        assert (full - trunk(ids).logits).abs().max() > 1e-3
+        cache = KVCache()
+        step = [model(ids[:, :5], past_key_values=cache).logits]
+        step += [model(ids[:, t:t + 1], past_key_values=cache).logits for t in range(5, 12)]
+    torch.testing.assert_close(torch.cat(step, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_native_inits_are_the_sources_and_seeded_by_name():
+    for kind in KINDS:
+        a, b = (build_model((c := _cfg(kind, "aux.init=native")).model, c.ple, seed=s, ac=c.aux) for s in (0, 0))
+        assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    value = build_model((c := _cfg("value", "aux.init=native")).model, c.ple, seed=0, ac=c.aux).model
+    table = next(iter(value.value_embeddings.embeds.values())).weight
+    bound = 3 ** 0.5 * c.model.hidden_size ** -0.5  # nanochat: uniform ±√3·n_embd^-½
+    assert table.abs().max() <= bound and table.abs().max() > 0.9 * bound
+    ngram = build_model((c := _cfg("ngram", "aux.init=native")).model, c.ple, seed=0, ac=c.aux).model.ngram_embedding
+    assert not ngram.embed.weight.any() and torch.equal(ngram.lambdas, torch.full_like(ngram.lambdas, 0.1))
+
+
+def test_accounting_is_the_closed_form_by_hand():
+    mc = _cfg("value").model
+    H, L, V, nkv, hd = mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, mc.num_key_value_heads, mc.resolved_head_dim
+    trunk = account(mc, _cfg("value").ple, 64)
+    value = account(mc, (c := _cfg("value", "aux.layers=0,1")).ple, 64, c.aux)
+    assert value.groups["aux_table"] == 2 * V * nkv * hd and value.groups["aux_other"] == 2 * 12 * nkv
+    assert value.flops_per_token - trunk.flops_per_token == 6 * 2 * 12 * nkv  # the gates are the only matmuls
+    rows = ngram_rows(V)
+    ngram = account(mc, (c := _cfg("ngram", "aux.heads=2")).ple, 64, c.aux)
+    d = H // 4  # 2 orders x 2 heads
+    assert ngram.groups["aux_table"] == rows * d and ngram.groups["aux_other"] == H * 4 * d + L
+    assert ngram.flops_per_token - trunk.flops_per_token == 6 * H * 4 * d
+    modulation = account(mc, (c := _cfg("modulation")).ple, 64, c.aux)
+    assert modulation.added == V * L * H and modulation.flops_per_token == trunk.flops_per_token
+    wide = resolve_config("cpu-tiny", ["aux.kind=ngram", "model.hidden_size=96", "aux.rows=1001", "aux.dim=7"], dp=0)
+    assert account(wide.model, wide.ple, 64, wide.aux).groups["aux_table"] == 1001 * 7  # account asserts the rest
+
+
+def test_params_compares_the_kinds_from_the_cli(capsys):
+    assert main(["params", "--preset", "cpu-tiny", "--aux", "ple,value,ngram,modulation", "--dp", "0,8",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["dP"], r["aux_kind"]) for r in rows] == [(0, "ple"), (8, "ple"), (0, "value"), (0, "ngram"),
+                                                         (0, "modulation")]
+    assert rows[0]["added"] == 0 and all(r["added"] == r["total"] - rows[0]["total"] for r in rows)
+    assert main(["params", "--aux", "value", "--dp", "8"]) == 2
+    assert "--dp sizes PLE" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # argparse's usage error
+        main(["params", "--aux", "value,value"])
+    assert exit_.value.code == 2 and "distinct kinds" in capsys.readouterr().err
+
+
+def test_the_tables_get_the_table_group_and_every_parameter_a_group():
+    for kind in KINDS:
+        cfg = _cfg(kind, "train.table_lr=0.0123", "train.table_weight_decay=0.05")
+        model = build_model(cfg.model, cfg.ple, ac=cfg.aux)
+        groups = {g["name"]: g for g in optimizer_groups(model, cfg.train)}
+        names = {id(p): n for n, p in model.named_parameters()}
+        tables = {names[id(p)] for p in groups["aux_table"]["params"]}
+        assert tables and all(".embed" in n for n in tables), tables
+        assert groups["aux_table"]["lr"] == pytest.approx(0.0123) and groups["aux_table"]["weight_decay"] == 0.05
+        assert sum(len(g["params"]) for g in groups.values()) == len(list(model.parameters()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_kind_trains_and_resumes_bit_identically(kind, tmp_path, tiny_data):
+    cfg = _cfg(kind, "train.steps=6", "train.checkpoint_every=3", "train.eval_every=3", "train.precision=fp32")
+    whole = plelab.train(cfg, tmp_path / "whole", data=tiny_data, progress=False, log=lambda *a: None)
+    assert whole.train_losses[-1] < whole.train_losses[0]
+    part = plelab.train(resolve_config("cpu-tiny", [f"aux.kind={kind}", "train.steps=3", "train.checkpoint_every=3",
+                                                    "train.eval_every=3", "train.precision=fp32"], dp=0),
+                        tmp_path / "part", data=tiny_data, progress=False, log=lambda *a: None)
+    resumed = plelab.train(cfg, tmp_path / "part", data=tiny_data, resume=True, progress=False, log=lambda *a: None)
+    assert part.train_losses + resumed.train_losses == whole.train_losses
+    from safetensors.torch import load_file
+    a, b = (load_file(str(tmp_path / r / "checkpoints" / "step-000006" / "model.safetensors")) for r in ("whole", "part"))
+    assert any(k.startswith(ROOTS[kind]) for k in a) and all(torch.equal(a[k], b[k]) for k in a)
+    assert main(["export", str(tmp_path / "whole"), str(tmp_path / "hf")]) == 2  # no HF class holds it
+    assert not (tmp_path / "hf").exists()
+
+
+def test_settings_a_kind_cannot_honour_are_refused():
+    with pytest.raises(ConfigError, match="one table kind per run"):
+        resolve_config("cpu-tiny", ["aux.kind=value"], dp=8)
+    with pytest.raises(ConfigError, match="sizes the ngram table"):
+        _cfg("value", "aux.orders=2")
+    with pytest.raises(ConfigError, match="not a multiple of model.vocab_size"):
+        _cfg("ngram", "aux.rows=1024")
+    with pytest.raises(ConfigError, match="row-sparse optimizer"):
+        _cfg("modulation", "train.table_optimizer=row-sparse")
+    with pytest.raises(ConfigError, match="aux.layers"):
+        _cfg("value", "aux.layers=5")
+    with pytest.raises(PlelabError):
+        resolve_config("cpu-tiny", ["aux.kind=bogus"], dp=0)
