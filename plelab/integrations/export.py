@@ -3,8 +3,9 @@
 - A dP=0 run becomes a plain ``LlamaForCausalLM`` (the trunk is Llama's block: RMSNorm with plain weight, RoPE in
   the half-split layout, GQA, SwiGLU). Llama has no embedding scale, so it is folded into the weights and the
   head is exported untied: ``model.embed_tokens = √H·E`` and ``lm_head = E`` (E: the run's tied embedding).
-- A PLE run becomes a ``PlelabForCausalLM`` folder (``model_type="plelab"``, :mod:`plelab.integrations.hf_model`):
-  ``AutoModelForCausalLM.from_pretrained(OUT)`` loads it once ``plelab`` is imported; no remote code.
+- A PLE run, or a run with another kind of the table family (``aux.kind``), becomes a ``PlelabForCausalLM`` folder
+  (``model_type="plelab"``, :mod:`plelab.integrations.hf_model`): ``AutoModelForCausalLM.from_pretrained(OUT)``
+  loads it once ``plelab`` is imported; no remote code.
 
 Both folders hold ``tokenizer.json`` with the files ``AutoTokenizer`` reads (EOS ``<|endoftext|>``) and a
 ``generation_config.json``. The folder is written next to ``OUT`` and renamed into place only after transformers
@@ -103,9 +104,6 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
     cfg = RunConfig.from_dict(read_state(ckpt, for_resume=False)["config"])
     if not task_kind(cfg).exportable:
         raise PlelabError(f"{ckpt} is a {cfg.kind} run: export writes text models (its model has no HF class)")
-    if cfg.aux.extra:
-        raise PlelabError(f"{ckpt} has a table of kind aux.kind={cfg.aux.kind}, which no HF model class holds: export "
-                          "writes Gemma-layout models — read it with plelab eval / generate (plelab.load_for_eval)")
     if cfg.ple.enabled and cfg.ple.ids != "token":
         raise PlelabError(f"{ckpt} is a null-control run (ple.ids={cfg.ple.ids}): its table rows are keyed by random "
                           "draws, so the model means nothing outside plelab; export a run with ple.ids=token")
@@ -122,11 +120,11 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
     model, _ = load_for_eval(ckpt, mmap_table=False)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     step = int(read_state(ckpt, for_resume=False)["step"])
-    if cfg.ple.enabled:
+    if cfg.ple.enabled or cfg.aux.extra:
         register()
         config_class, _ = classes()
-        config = config_class(plelab={"model": asdict(cfg.model), "ple": asdict(cfg.ple)}, bos_token_id=0,
-                              eos_token_id=0)
+        config = config_class(plelab={"model": asdict(cfg.model), "ple": asdict(cfg.ple), "aux": asdict(cfg.aux)},
+                              bos_token_id=0, eos_token_id=0)
         config.architectures = ["PlelabForCausalLM"]
         weights, notes = state, [f"model_type {MODEL_TYPE!r}: load with AutoModelForCausalLM after `import plelab`"]
     else:

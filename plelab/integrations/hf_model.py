@@ -4,7 +4,7 @@
 ``import plelab`` registers them the moment transformers is imported (before or after plelab), so a folder
 ``plelab export`` wrote loads with ``AutoModelForCausalLM.from_pretrained(folder)`` and generates with HF's
 ``generate()``. The network is plelab's own :class:`~plelab.model.transformer.PLETextModel`, built from the
-config's ``plelab`` entry (the run's ``model`` and ``ple`` sections): tensor names, numerics and logits are the
+config's ``plelab`` entry (the run's ``model``, ``ple`` and ``aux`` sections): tensor names, numerics and logits are the
 plelab checkpoint's. HF's ``DynamicCache`` serves as the KV cache (the attention only calls ``update`` and
 ``get_seq_length`` on it). Padding is not supported: an ``attention_mask`` with zeros is refused.
 
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plelab.config.aux_schema import AuxConfig
 from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.errors import PlelabError
 from plelab.model.layers import RMSNorm
@@ -53,8 +54,9 @@ class quiet_transformers:
         self.t.utils.logging.enable_progress_bar()
 
 
-def model_configs(entry: dict) -> tuple[ModelConfig, PLEConfig]:
-    """The ``(ModelConfig, PLEConfig)`` a config's ``plelab`` entry ``{"model": {...}, "ple": {...}}`` describes."""
+def model_configs(entry: dict) -> tuple[ModelConfig, PLEConfig, AuxConfig]:
+    """The ``(ModelConfig, PLEConfig, AuxConfig)`` a config's ``plelab`` entry ``{"model": {...}, "ple": {...},
+    "aux": {...}}`` describes (``aux`` absent: PLE, as every folder exported before the table family)."""
     def build(cls, values: dict):
         unknown = sorted(set(values) - {f.name for f in fields(cls)})
         if unknown:
@@ -62,9 +64,11 @@ def model_configs(entry: dict) -> tuple[ModelConfig, PLEConfig]:
                              "with this plelab version")
         return cls(**values)
     mc, pc = build(ModelConfig, entry.get("model", {})), build(PLEConfig, entry.get("ple", {}))
+    ac = build(AuxConfig, entry.get("aux", {}))
     mc.validate()
     pc.validate(mc)
-    return mc, pc
+    ac.validate(mc.num_hidden_layers, mc.hidden_size, mc.vocab_size)
+    return mc, pc, ac
 
 
 def hf_config_fields(mc: ModelConfig, pc: PLEConfig) -> dict:
@@ -92,7 +96,7 @@ def classes():
         def __init__(self, plelab: dict | None = None, use_cache: bool = True, **kwargs) -> None:
             self.plelab = plelab or {"model": asdict(ModelConfig()), "ple": asdict(PLEConfig())}
             self.use_cache = use_cache
-            mc, pc = model_configs(self.plelab)
+            mc, pc, _ = model_configs(self.plelab)
             for key, value in hf_config_fields(mc, pc).items():
                 kwargs.setdefault(key, value)
             kwargs["tie_word_embeddings"] = mc.tie_word_embeddings
@@ -108,11 +112,11 @@ def classes():
 
         def __init__(self, config: PlelabConfig) -> None:
             super().__init__(config)
-            self.mc, self.pc = model_configs(config.plelab)
+            self.mc, self.pc, ac = model_configs(config.plelab)
             if self.pc.ids != "token":
                 raise ValueError(f"ple.ids={self.pc.ids!r} keys the table by random draws, not token ids; such a "
                                  "null-control model has no meaning outside plelab")
-            self.model = PLETextModel(self.mc, self.pc)
+            self.model = PLETextModel(self.mc, self.pc, ac=ac)
             if not self.mc.tie_word_embeddings:
                 self.lm_head = nn.Linear(self.mc.hidden_size, self.mc.vocab_size, bias=False)
             self.post_init()
