@@ -20,11 +20,10 @@ import time
 import torch
 
 from plelab.config import resolve_config
-from plelab.data.pipeline import prepare_data
 from plelab.data.tokens import data_val_windows
 from plelab.diagnostics.diagnose import weight_decay_shrink
 from plelab.diagnostics.live import checkpoint_diagnostics
-from plelab.runs import make_trainer
+from plelab.runs import make_trainer, prepare_data
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ def child(mode: str, path: Path) -> None:
     base = _status_mib("VmRSS")
     t0 = time.perf_counter()
     if mode == "diagnose":
-        from plelab.diagnostics.diagnose import diagnose
+        from plelab.diagnostics.diagnose import diagnose_run as diagnose
 
         rep = diagnose(path, progress=False)
         extra = {"layer0_erank": rep["layers"][0]["wt_all"]["erank_raw"]}

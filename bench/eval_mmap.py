@@ -22,8 +22,8 @@ from pathlib import Path
 from common import machine
 
 from plelab.config import resolve_config
-from plelab.data.pipeline import prepare_data
 from plelab.model import build_model
+from plelab.runs import prepare_data
 from plelab.training import checkpoint as ckpt
 
 CHILD = ("import json, sys; from plelab.cli import main; code = main(sys.argv[1:]); "

@@ -9,11 +9,15 @@ gives the same losses as the on-device table with the row-sparse optimizer, and 
 
     python bench/gpu_throughput.py                     # on a GPU
     python bench/gpu_throughput.py --device cpu --preset cpu-tiny --no-compile --steps 6 --warmup 2   # smoke
+
+``--json PATH`` also writes the numbers (per dP: tokens/s, MFU, peak memory, the step-time overhead over dP=0; the
+placement check's losses; the two eval losses) for ``bench/gpu_kit.sh``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -21,8 +25,7 @@ import time
 import torch
 
 from plelab.config import resolve_config
-from plelab.data.pipeline import prepare_data
-from plelab.runs import make_trainer
+from plelab.runs import make_trainer, prepare_data
 
 
 def run(preset: str, dp: int, sets: list[str], steps: int, data=None):
@@ -41,7 +44,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--json", metavar="PATH", help="also write the numbers as JSON here")
     args = ap.parse_args()
+    out: dict = {"preset": args.preset, "device": args.device, "compile": not args.no_compile,
+                 "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+                 "torch": torch.__version__, "dp": {}}
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here: this benchmark is for a GPU (use --device cpu for a smoke run)")
     torch.set_flush_denormal(True)
@@ -57,6 +64,11 @@ def main() -> None:
         mfu_text = (f"MFU {100 * statistics.median(mfu):.1f}% of {torch.cuda.get_device_name()}'s bf16 peak"
                     if mfu else "no MFU (unknown peak)")
         print(f"{args.preset} dP={dp}: {tps:,.0f} tokens/s, {mfu_text}; peak memory {peak_mem:.2f} GiB")
+        out["dp"][dp] = {"tokens_per_second": tps, "mfu": statistics.median(mfu) if mfu else None,
+                         "peak_memory_gib": peak_mem if peak_mem == peak_mem else None}
+        trunk = out["dp"].get(0)
+        if trunk is not None and dp:
+            out["dp"][dp]["step_time_over_dp0"] = trunk["tokens_per_second"] / tps
         del tr
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -75,6 +87,7 @@ def main() -> None:
               f"({time.perf_counter() - t0:.1f} s for 8 steps); table on {table.device}")
     worst = max(abs(a - b) for a, b in zip(losses["auto"], losses["cpu"]))
     print(f"table on host vs on device: max |Δloss| {worst:.2e} ({'OK' if worst < 1e-3 else 'DIFFERENT'})")
+    out["placement"] = {"dp": dp, "losses": losses, "max_abs_diff": worst, "ok": worst < 1e-3}
     with tempfile.TemporaryDirectory() as tmp:
         from plelab.cli import main as cli
 
@@ -83,10 +96,18 @@ def main() -> None:
                     "--set", "train.diag_every=0"])
         if code != 0:
             raise SystemExit(f"plelab train failed (exit {code})")
-        for extra in ([], ["--table-in-memory"]):
-            code = cli(["eval", f"{tmp}/run", "--device", args.device, "--no-progress", *extra])
-            if code != 0:
-                raise SystemExit(f"plelab eval {' '.join(extra)} failed (exit {code})")
+        from plelab.training.evaluate import evaluate
+        out["eval"] = {}
+        for in_memory in (False, True):
+            try:
+                result = evaluate(f"{tmp}/run", device=args.device, table_in_memory=in_memory, progress=False)
+            except Exception as err:  # the kit records a failure and goes on to its other checks
+                raise SystemExit(f"plelab eval (table_in_memory={in_memory}) failed: {err}") from None
+            out["eval"]["in_memory" if in_memory else "mapped"] = result["val_loss"]
+            print(f"eval, table {'in memory' if in_memory else 'memory-mapped'}: {result['val_loss']:.6f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ def child_ingest(data: str, vocab: int) -> dict:
 
 def child_warm(data: str, vocab: int) -> dict:
     from plelab.config import resolve_config
-    from plelab.data.pipeline import prepare_data
+    from plelab.runs import prepare_data
 
     cfg = resolve_config("cpu-tiny", [f"data.path={data}", f"model.vocab_size={vocab}"])
     t0 = time.perf_counter()

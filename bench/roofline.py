@@ -21,9 +21,8 @@ import torch
 from common import TIMING_ONLY, fmt_ci, machine, matmul_peak, rotated
 
 from plelab.config import resolve_config
-from plelab.data.pipeline import prepare_data
 from plelab.precision import cpu_bf16_flags, time_gemms
-from plelab.runs import make_trainer
+from plelab.runs import make_trainer, prepare_data
 from plelab.runtime import setup_torch
 from plelab.training.run_precision import run_gemms
 

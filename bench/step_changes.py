@@ -17,8 +17,7 @@ import statistics
 from common import TIMING_ONLY, block_medians, fmt_ci, machine
 
 from plelab.config import resolve_config
-from plelab.data.pipeline import prepare_data
-from plelab.runs import make_trainer
+from plelab.runs import make_trainer, prepare_data
 from plelab.runtime import setup_torch
 from plelab.training.text_task import TextTask
 

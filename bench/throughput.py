@@ -20,9 +20,8 @@ import statistics
 from common import TIMING_ONLY, block_medians, fmt_ci, machine, matmul_peak, mean_ci
 
 from plelab.config import resolve_config
-from plelab.data.pipeline import prepare_data
 from plelab.model.accounting import flops_per_token
-from plelab.runs import make_trainer
+from plelab.runs import make_trainer, prepare_data
 from plelab.runtime import setup_torch
 
 
