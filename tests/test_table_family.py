@@ -4,6 +4,7 @@ cached decoding, exact accounting, parameter groups, training, resume bit-identi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,3 +138,37 @@ def test_settings_a_kind_cannot_honour_are_refused():
         _cfg("value", "aux.layers=5")
     with pytest.raises(PlelabError):
         resolve_config("cpu-tiny", ["aux.kind=bogus"], dp=0)
+
+
+def test_aux_arms_in_a_sweep_spec_and_its_command():
+    from plelab.sweeps.commands import dp_spec, parse_aux
+    from plelab.sweeps.configs import run_config
+    from plelab.sweeps.spec import sweep_command
+    spec = dp_spec(preset="cpu-tiny", dp=[0, 8], aux=["value:layers=0,1", "ngram:rows=1031:heads=2", "modulation"],
+                   steps=8)
+    arms = {a.name: a for a in spec.arms}
+    assert list(arms) == ["dp0", "dp8", "value-layers0.1", "ngram-rows1031-heads2", "modulation"]
+    cfg = run_config(spec, arms["ngram-rows1031-heads2"], 0, "fp32")
+    assert (cfg.ple.dim, cfg.aux.kind, cfg.aux.rows, cfg.aux.heads) == (0, "ngram", 1031, 2)
+    assert run_config(spec, arms["value-layers0.1"], 0, "fp32").aux.layers == [0, 1]
+    command = sweep_command(spec, Path("/tmp/s"))
+    assert "--aux value:layers=0,1 --aux ngram:rows=1031:heads=2 --aux modulation" in command
+    assert "--variant" not in command
+    for bad, why in (("ngram:rows", "KIND\\[:KEY=VALUE"), ("bogus", "unknown table kind"),
+                     ("value:rows=3", "not one of its settings")):
+        with pytest.raises(PlelabError, match=why):
+            parse_aux(bad)
+    with pytest.raises(PlelabError, match="give --aux once per size"):
+        dp_spec(preset="cpu-tiny", dp=[0, 8], aux=["value", "value"])
+
+
+@pytest.mark.slow
+def test_a_sweep_compares_the_kinds_with_the_trunk(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--preset", "cpu-tiny", "--dp", "0,8", "--aux", "ngram:rows=1031", "--aux", "modulation",
+                 "--seeds", "3", "--steps", "8", "--out", str(out), "--no-progress"]) == 0
+    results = json.loads((out / "report" / "results.json").read_text())
+    rows = {r["arm"]: r for r in results["analysis"]["rows"]}
+    assert rows["modulation"]["added_params"] == 512 * 2 * 64 and rows["modulation"]["n"] == 3
+    vs_base = {c["b"]: c for c in results["analysis"]["controls_vs_baseline"]}
+    assert set(vs_base) == {"ngram-rows1031", "modulation"} and vs_base["modulation"]["a"] == "dp0"

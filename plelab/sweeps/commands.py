@@ -22,20 +22,20 @@ from plelab.sweeps.records import copy_records, record_path, sweep_roots
 from plelab.sweeps.results import collect
 from plelab.sweeps.cluster import emit_scripts
 from plelab.sweeps.runner import RunJob, folder_done, jobs_of, record_finished, run_sweep, say
-from plelab.sweeps.spec import (CONTROLS, DEFAULT_LAST_K, DP_DELTA, SweepSpec, check_size, dp_arms, load_spec,
-                                merge_spec)
+from plelab.sweeps.spec import (CONTROLS, DEFAULT_LAST_K, DP_DELTA, Arm, SweepSpec, aux_arm, check_size, dp_arms,
+                                load_spec, merge_spec)
 
 DEFAULT_PRESET = "cpu-sweep"
 # dp_spec's arguments; plelab sweep's parsed options carry the same names
 SPEC_OPTIONS = ("preset", "config", "overrides", "gate", "dp", "seeds", "seed_list", "controls", "control_dp",
-                "variants", "steps", "data", "delta", "last_k", "lr_from")
+                "variants", "aux", "steps", "data", "delta", "last_k", "lr_from")
 
 
 def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides: Sequence[str] = (),
             gate: str | None = None, dp: Sequence[int] | None = None, seeds: int = 3,
             seed_list: Sequence[int] | None = None, controls: Sequence[str] | str = (), control_dp: int | None = None,
             variants: Mapping[str, Sequence[str]] | Sequence[tuple[str, Sequence[str]]] | None = None,
-            steps: int | None = None, data: str | None = None, delta: float | None = None,
+            aux: Sequence[str] = (), steps: int | None = None, data: str | None = None, delta: float | None = None,
             last_k: int | None = None, lr_from: str | Path | None = None, lrs: Mapping[str, float] | None = None,
             existing: SweepSpec | None = None) -> SweepSpec:
     """The :class:`SweepSpec` of a dP study (validated, nothing written).
@@ -44,7 +44,8 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
     from; see :func:`plelab.config.resolve_run_config`), ``overrides`` (``section.key=value``) and ``data`` on
     top; ``dp``: the main curve including the baseline 0 (default 0 and the preset's dP); ``seeds`` 0..N-1 or
     ``seed_list``; ``controls`` (names, or ``"all"``) at ``control_dp``; ``variants``: name -> overrides (a
-    dict or pairs), an arm family crossed with every dP > 0. ``delta`` (the margin δ, nats) and ``last_k`` (a run's
+    dict or pairs), an arm family crossed with every dP > 0; ``aux``: arms of the table family's other kinds, each
+    ``KIND[:KEY=VALUE...]`` (``"value"``, ``"ngram:rows=2003:heads=2"``; :func:`~plelab.sweeps.spec.aux_arm`). ``delta`` (the margin δ, nats) and ``last_k`` (a run's
     loss = the mean of its last k evaluations) go into the analysis plan; left out, they are ``existing``'s, or
     plelab's defaults for a new sweep (δ: :data:`~plelab.sweeps.spec.DP_DELTA`, from the question). ``lrs`` (group -> learning rate: ``baseline``, ``dP`` and each control family)
     or ``lr_from`` (a finished ``plelab lr-search`` folder) set each arm's ``train.lr`` (:mod:`plelab.sweeps.lr_search`).
@@ -91,7 +92,7 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
         widths = {m: matched_trunk(base.model, with_ple, base.train.seq_len, m).intermediate_size
                   for m in ("params", "flops")}
     arms = dp_arms(dims, controls, control_dp, {k: list(v) for k, v in dict(variants or {}).items()},
-                   matched_ref=matched_ref, trunk_widths=widths)
+                   matched_ref=matched_ref, trunk_widths=widths, aux=[parse_aux(text) for text in aux])
     if delta <= 0:
         raise ConfigError(f"--delta must be > 0 (the smallest effect of interest in nats), got {delta}")
     if lr_from is not None:
@@ -106,6 +107,19 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
                      delta=delta, control_dp=control_dp, matched_ref=matched_ref, lr_from=recorded)
     check_size(spec)  # before anything is resolved per run
     return spec
+
+
+def parse_aux(text: str) -> Arm:
+    """``--aux KIND[:KEY=VALUE...]`` as its arm (:func:`~plelab.sweeps.spec.aux_arm`); list values keep their
+    commas (``value:layers=0,1``)."""
+    kind, *parts = str(text).strip().split(":")
+    settings = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError(f"invalid --aux {text!r}: write KIND[:KEY=VALUE...], e.g. ngram:rows=2003:heads=2")
+        settings[key.strip()] = value.strip()
+    return aux_arm(kind.strip(), settings)
 
 
 def options_of(args: object) -> dict:

@@ -28,6 +28,9 @@ optional variants crossed with every dP > 0, and the controls of the seed's open
   parameters / in training FLOPs per token (``model.accounting.matched_trunk``): would the trunk have used them
   better?
 
+Arms of the table family's other kinds (:func:`aux_arm`, ``--aux KIND[:KEY=VALUE...]``): ``ple.dim=0`` with
+``aux.kind`` set and its sizes (``aux.*``), family the kind, compared with the baseline as the controls are.
+
 A sweep may grow (new arms or seeds are added on the next call); an existing arm's
 definition, the preset, the base overrides and the step budget may not change, nor may its analysis plan — δ, α,
 the outcome (``last_k``) and the baseline, fixed and hashed when the sweep is first saved
@@ -42,6 +45,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plelab.config.aux_schema import AUX_KEYS
 from plelab.errors import PlelabError
 from plelab.io import check_name, write_json
 from plelab.sweeps import analysis_plan
@@ -132,9 +136,31 @@ def run_dir(root: Path, arm: str, seed: int) -> Path:
     return Path(root) / "runs" / check_name(arm, "arm name") / f"seed-{int(seed)}"
 
 
+def aux_arm(kind: str, settings: dict[str, str] | None = None) -> Arm:
+    """The arm of another kind of the table family: ``ple.dim=0``, ``aux.kind=KIND`` and its sizes ``settings``
+    (``aux`` keys without the prefix: ``{"rows": "2003"}``), named ``KIND[-KEYVALUE...]`` (``ngram-rows2003``)."""
+    if kind not in AUX_KEYS:
+        raise PlelabError(f"unknown table kind {kind!r} for --aux: choose one of {', '.join(AUX_KEYS)} (PLE is --dp)")
+    settings = dict(settings or {})
+    bad = [k for k in settings if k not in AUX_KEYS[kind] and k != "init"]
+    if bad:
+        allowed = ", ".join((*AUX_KEYS[kind], "init"))
+        raise PlelabError(f"--aux {kind}: {bad[0]!r} is not one of its settings ({allowed})")
+    name = "-".join([kind, *(f"{k}{v}".replace(",", ".").replace(" ", "") for k, v in settings.items())])
+    described = ", ".join(f"{k}={v}" for k, v in settings.items())
+    return Arm(check_name(name, "arm name"), ["ple.dim=0", f"aux.kind={kind}",
+                                               *(f"aux.{k}={v}" for k, v in settings.items())], kind, 0.0,
+               description=f"no PLE; a {kind} table" + (f" ({described})" if described else ""))
+
+
+def aux_settings(arm: Arm) -> str:
+    """``--aux``'s text for an arm made by :func:`aux_arm` (``ngram:rows=2003``)."""
+    return ":".join([arm.family, *(o.removeprefix("aux.") for o in arm.overrides[2:])])
+
+
 def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = None,
             variants: dict[str, list[str]] | None = None, matched_ref: int | None = None,
-            trunk_widths: dict[str, int] | None = None) -> list[Arm]:
+            trunk_widths: dict[str, int] | None = None, aux: list[Arm] = ()) -> list[Arm]:
     """The dP study's arms (see the module docstring). ``dims`` must include 0 (the baseline);
     ``control_dp`` defaults to the middle positive dP, ``matched_ref`` to the smallest. ``trunk_widths``: the
     FFN widths of the ``trunk-params`` / ``trunk-flops`` controls at ``control_dp`` (from
@@ -148,7 +174,7 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
     unknown = [c for c in controls if c not in CONTROLS]
     if unknown:
         raise PlelabError(f"unknown control {unknown[0]!r}: choose from {', '.join(CONTROLS)} (or 'all')")
-    reserved = [n for n in (variants or {}) if n in (*CONTROLS, "dP") or n.startswith("tablelr")]
+    reserved = [n for n in (variants or {}) if n in (*CONTROLS, *AUX_KEYS, "dP") or n.startswith("tablelr")]
     if reserved:
         raise PlelabError(f"--variant name {reserved[0]!r} is taken by a built-in arm family; choose another name")
     control_dp = positive[len(positive) // 2] if control_dp is None else control_dp
@@ -204,10 +230,11 @@ def dp_arms(dims: list[int], controls: list[str] = (), control_dp: int | None = 
         arms.append(Arm(f"dp{control_dp}-{c}", ["ple.dim=0", f"model.intermediate_size={width}"], c, control_dp,
                         reference=f"dp{control_dp}", description=f"no PLE, FFN {width} wide: the {match} of PLE at "
                                                                  f"dP={control_dp} spent on the trunk"))
+    arms += list(aux)
     names = [check_name(a.name, "arm name") for a in arms]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
-        raise PlelabError(f"two arms are both named {dup!r}; rename the --variant")
+        raise PlelabError(f"two arms are both named {dup!r}; rename the --variant (or give --aux once per size)")
     return arms
 
 
@@ -221,9 +248,11 @@ def sweep_command(spec: SweepSpec, root: Path, seeds: int | None = None) -> str:
         parts += ["--controls", ",".join(controls)]
         if spec.control_dp is not None and {"table-lr", "boost", "trunk-params", "trunk-flops"} & set(controls):
             parts += ["--control-dp", str(spec.control_dp)]
-    for fam in sorted(families - set(CONTROLS) - {"dP"}):
+    for fam in sorted(families - set(CONTROLS) - set(AUX_KEYS) - {"dP"}):
         extra = next(a.overrides[1:] for a in spec.arms if a.family == fam)
         parts += ["--variant", f"{fam}:{','.join(extra)}"]
+    for arm in (a for a in spec.arms if a.family in AUX_KEYS):
+        parts += ["--aux", aux_settings(arm)]
     if spec.steps is not None:
         parts += ["--steps", str(spec.steps)]
     for o in spec.overrides:
