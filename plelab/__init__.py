@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "Observer": "plelab.training.task", "TextTask": "plelab.training.text_task",
     # PLE and its diagnostics in your own model and loop
     "attach": "plelab.integrations.hf", "load_attached": "plelab.integrations.hf",
+    "attach_table": "plelab.integrations.hf_aux", "load_attached_table": "plelab.integrations.hf_aux",
     "load_host_run": "plelab.integrations.hosts",
     "param_groups": "plelab.training.optim", "adamw": "plelab.training.optim", "Monitor": "plelab.diagnostics.monitor",
     "PLEModules": "plelab.model.ple", "load_hf_weights": "plelab.model.hf_weights", "PlelabError": "plelab.errors",
@@ -57,9 +58,10 @@ _EXPORTS: dict[str, str] = {
     "generate": "plelab.model.generate", "KVCache": "plelab.model.generate",
     "consolidate_checkpoint": "plelab.training.checkpoint",
 }
-# packages that register trunks when imported: loaded before any verb is returned (kinds of run load themselves when a
+# packages that register trunks (hosts) and attached-folder loaders (hf_aux) when imported: loaded before any verb is
+# returned (kinds of run load themselves when a
 # config or a study names them: plelab.config.schema.KIND_MODULES)
-_PLUGINS = ("plelab.integrations.hosts",)
+_PLUGINS = ("plelab.integrations.hosts", "plelab.integrations.hf_aux")
 # plelab's model for transformers' Auto classes: registered when transformers is imported (see the module doc)
 _HF_REGISTRATION = ("plelab.integrations.hf_model", "plelab.integrations.hf_attached")
 

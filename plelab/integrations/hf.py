@@ -52,17 +52,21 @@ TESTED_TRANSFORMERS = ("5.0", "5.23", "5.25")  # major.minor versions the test s
 # exported run's logits differ from the run's (measured: 5.0.0, 5.10.4, 5.11.0, 5.12.1; 5.13.1 and later equal)
 EXPORT_PLE_TRANSFORMERS = (5, 13)
 ATTACHED_TYPE = "plelab_attached"  # the model_type a folder saved after attach carries (the host's in plelab_ple)
+# plelab.attach_table's (plelab.integrations.hf_aux): its config entry and the base model's attribute holding its hooks
+TABLE_CONFIG_KEY, TABLE_ATTACHMENT = "plelab_table", "plelab_table_attachment"
+# loaders of other attached folders, by their config entry (hf_aux registers attach_table's when it is imported)
+FOLDER_LOADERS: dict = {}
 
 
-def mark_attached(folder: str | Path) -> None:
+def mark_attached(folder: str | Path, key: str = PLE_CONFIG_KEY) -> None:
     """Rewrite ``folder/config.json`` (written by ``save_pretrained`` of an attached model) so that its model_type is
-    :data:`ATTACHED_TYPE`; the host's type is in its ``plelab_ple`` entry. A folder without config.json (a rank that
-    does not save) is left alone."""
+    :data:`ATTACHED_TYPE`; the host's type is in its ``key`` entry (``plelab_ple``; ``plelab_table`` after
+    ``attach_table``). A folder without config.json (a rank that does not save) is left alone."""
     path = Path(folder) / "config.json"
     if not path.exists():
         return
     config = json.loads(path.read_text())
-    saved = config.get(PLE_CONFIG_KEY)
+    saved = config.get(key)
     if not isinstance(saved, dict) or config.get("model_type") == ATTACHED_TYPE:
         return
     saved.setdefault("host_model_type", config.get("model_type"))
@@ -77,21 +81,22 @@ def refuse_attached(path: str | Path, verb: str) -> None:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         return
-    if isinstance(config, dict) and isinstance(config.get(PLE_CONFIG_KEY), dict) and not (Path(path) /
-                                                                                         "state.json").exists():
+    attached = isinstance(config, dict) and any(isinstance(config.get(k), dict) for k in (PLE_CONFIG_KEY,
+                                                                                          TABLE_CONFIG_KEY))
+    if attached and not (Path(path) / "state.json").exists():
         raise PlelabError(f"{path} is an HF model folder saved after plelab.attach, not a plelab run: {verb} takes "
                           "plelab runs — load it with plelab.load_attached(path) (or "
                           "transformers.AutoModelForCausalLM.from_pretrained(path) after import plelab) and use "
                           "transformers' generate; plelab diagnose reads it as it is")
 
 
-def _saves_attached(model: nn.Module) -> None:
-    """Make ``model.save_pretrained`` mark the folder it writes (:func:`mark_attached`)."""
+def saves_attached(model: nn.Module, key: str = PLE_CONFIG_KEY) -> None:
+    """Make ``model.save_pretrained`` mark the folder it writes (:func:`mark_attached` of its ``key`` entry)."""
     save = model.save_pretrained
 
     def save_pretrained(save_directory, *args, **kwargs):
         out = save(save_directory, *args, **kwargs)
-        mark_attached(save_directory)
+        mark_attached(save_directory, key)
         return out
 
     save_pretrained.__doc__ = (f"{save.__doc__ or ''}\n\nplelab.attach: the folder's config.json says model_type "
@@ -231,6 +236,9 @@ def attach(model: nn.Module, dim: int, *, gate: str = "gemma", vocab_size: int |
     base, embed, layers, text = _host_parts(model)
     if isinstance(getattr(base, "plelab_attachment", None), Attachment):
         raise PlelabError(f"{type(model).__name__} has PLE attached already (dP={base.per_layer_embedding.dim})")
+    if getattr(base, TABLE_ATTACHMENT, None) is not None:  # plelab.attach_table's
+        raise PlelabError(f"{type(model).__name__} has a plelab table attached already (plelab.attach_table): one "
+                          "table per model; attach PLE to a fresh copy of the host instead")
     hidden, vocab = text.hidden_size, embed.num_embeddings
     if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= hidden:
         raise PlelabError(f"PLE dim must be an integer from 1 to the hidden size {hidden}, got {dim!r}")
@@ -265,7 +273,7 @@ def attach(model: nn.Module, dim: int, *, gate: str = "gemma", vocab_size: int |
     model.config.update({PLE_CONFIG_KEY: {"dim": dim, "gate": gate, "vocab_size": vp, "init": init,
                                           "sparse_table": sparse_table, "seed": seed, "init_std": std,
                                           "host_model_type": model.config.model_type}})
-    _saves_attached(model)
+    saves_attached(model)
     keep_unregistered(base, "plelab_attachment", Attachment(base, embed, layers, embedding, injections))
     return model
 
@@ -276,20 +284,45 @@ def load_attached(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
     :func:`~plelab.integrations.pretrained.from_pretrained`), then :func:`attach` with the saved arguments, then the
     PLE tensors from the folder's safetensors (every one of them must be there, dtype and shape checked)."""
     path = Path(path)
-    config_file = path / "config.json"
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as err:
-        raise PlelabError(f"{config_file}: cannot read an HF config ({err}); give the folder save_pretrained wrote")
+    config_file, config = folder_config(path)
+    for key, loader in FOLDER_LOADERS.items():
+        if isinstance(config, dict) and isinstance(config.get(key), dict):
+            return loader(path, **from_pretrained_kwargs)
     saved = config.get(PLE_CONFIG_KEY) if isinstance(config, dict) else None
     if not saved or not isinstance(saved, dict):
+        table = " (it has a plelab.attach_table entry: import plelab, or call plelab.load_attached_table)" if (
+            isinstance(config, dict) and TABLE_CONFIG_KEY in config) else ""
         raise PlelabError(f"{path}: its config.json has no {PLE_CONFIG_KEY!r} entry — it was not saved from a model "
-                          "with plelab.attach; load it with transformers directly")
+                          f"with plelab.attach; load it with transformers directly{table}")
+    model = load_host(path, config, saved, PLE_CONFIG_KEY, "plelab.attach", from_pretrained_kwargs)
+    missing = [k for k in ("dim", "gate", "vocab_size") if k not in saved]
+    if missing:
+        raise PlelabError(f"{config_file}: its {PLE_CONFIG_KEY!r} entry lacks {', '.join(missing)}; save the attached "
+                          "model again with save_pretrained")
+    attach(model, saved["dim"], gate=saved["gate"], vocab_size=saved["vocab_size"], init=saved.get("init", "gemma"),
+           sparse_table=saved.get("sparse_table", False), seed=saved.get("seed", 0), allow_untested_transformers=True)
+    return load_own_tensors(model, path, PLEModules(model).parameters(), "PLE")
+
+
+def folder_config(path: Path) -> tuple[Path, object]:
+    """``(path/config.json, its parsed JSON)``; an unreadable one is a one-line error."""
+    config_file = path / "config.json"
+    try:
+        return config_file, json.loads(config_file.read_text())
+    except (OSError, ValueError) as err:
+        raise PlelabError(f"{config_file}: cannot read an HF config ({err}); give the folder save_pretrained wrote"
+                          ) from None
+
+
+def load_host(path: Path, config: dict, saved: dict, key: str, by: str, kwargs: dict) -> nn.Module:
+    """The host model of a folder saved after ``by`` (``plelab.attach`` / ``plelab.attach_table``), whose config
+    entry ``key`` is ``saved``: a folder marked ``plelab_attached`` gets its host's config rebuilt from its keys."""
+    config_file = path / "config.json"
     if config.get("model_type") == ATTACHED_TYPE:  # the host's config, rebuilt from the same keys
         host = saved.get("host_model_type")
         if not isinstance(host, str):
-            raise PlelabError(f"{config_file} says model_type {ATTACHED_TYPE!r} but its {PLE_CONFIG_KEY!r} entry names "
-                              "no host_model_type; save the attached model again with save_pretrained")
+            raise PlelabError(f"{config_file} says model_type {ATTACHED_TYPE!r} but its {key!r} entry names no "
+                              "host_model_type; save the attached model again with save_pretrained")
         import transformers  # optional dependency (the hf extra): a saved HF folder needs it to load
 
         try:
@@ -298,21 +331,19 @@ def load_attached(path: str | Path, **from_pretrained_kwargs) -> nn.Module:
         except (ValueError, TypeError) as err:
             raise PlelabError(f"{config_file}: transformers cannot rebuild its host config of type {host!r} ({err})"
                               ) from None
-        from_pretrained_kwargs.setdefault("config", host_config)
-    # the PLE tensors are "unexpected" to the host class (quiet: from_pretrained's logging is off): loaded below
-    model = from_pretrained("AutoModelForCausalLM", path, "the host model of a folder saved after plelab.attach",
-                            **from_pretrained_kwargs)
-    missing = [k for k in ("dim", "gate", "vocab_size") if k not in saved]
-    if missing:
-        raise PlelabError(f"{config_file}: its {PLE_CONFIG_KEY!r} entry lacks {', '.join(missing)}; save the attached "
-                          "model again with save_pretrained")
-    attach(model, saved["dim"], gate=saved["gate"], vocab_size=saved["vocab_size"], init=saved.get("init", "gemma"),
-           sparse_table=saved.get("sparse_table", False), seed=saved.get("seed", 0), allow_untested_transformers=True)
-    own = {id(p) for p in PLEModules(model).parameters()}
+        kwargs.setdefault("config", host_config)
+    # the attached tensors are "unexpected" to the host class (quiet: from_pretrained's logging is off): loaded after
+    return from_pretrained("AutoModelForCausalLM", path, f"the host model of a folder saved after {by}", **kwargs)
+
+
+def load_own_tensors(model: nn.Module, path: Path, params, what: str) -> nn.Module:
+    """Load the attached tensors ``params`` of ``model`` from ``path``'s safetensors files (every one of them must be
+    there; dtype and shape checked)."""
+    own = {id(p) for p in params}
     wanted = {n for n, p in model.named_parameters() if id(p) in own}
     found = read_safetensors(path, keys=wanted)
     if wanted - found.keys():
-        raise PlelabError(f"{path}: the PLE tensors {sorted(wanted - found.keys())[:3]} are missing from its "
+        raise PlelabError(f"{path}: the {what} tensors {sorted(wanted - found.keys())[:3]} are missing from its "
                           "safetensors files; save the attached model again with save_pretrained")
     load_hf_weights(model, found)
     return model

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 
 from plelab.errors import PlelabError
+from plelab.integrations import hf_aux  # noqa: F401  (registers attach_table's folders with load_attached)
 from plelab.integrations.hf import ATTACHED_TYPE, load_attached
 
 
