@@ -63,7 +63,7 @@ def test_the_start_is_the_host_then_the_table_acts_and_cached_decoding_is_exact(
     with torch.no_grad():
         assert torch.equal(model(x).logits, before)  # function-preserving: exactly the host
     names = set(table_params(model, kind))
-    expected = {"value": {"model.value_embeddings.embeds.1.weight", "model.value_embeddings.gates.1.weight"},
+    expected = {"value": {"model.value_embeddings.embed.weight", "model.value_embeddings.gates.1.weight"},
                 "ngram": {"model.ngram_embedding.embed.weight", "model.ngram_embedding.proj.weight",
                           "model.ngram_embedding.lambdas"},
                 "modulation": {"model.token_modulation.embed.weight"}}[kind]
@@ -140,7 +140,7 @@ def test_native_inits_are_seeded_and_leave_the_global_rng_alone():
         assert all(torch.equal(p, q) for p, q in zip(pa, pb))
         assert a.config.to_dict()[TABLE_CONFIG_KEY]["init"] == name
         assert kind == "ngram" or not all(torch.equal(p, q) for p, q in zip(pa, pc))
-    value = table_params(attach_table(host(), "value", init="native"), "value")[ROOTS["value"] + "embeds.1.weight"]
+    value = table_params(attach_table(host(), "value", init="native"), "value")[ROOTS["value"] + "embed.weight"]
     assert 0.9 * 3 ** 0.5 * H ** -0.5 < value.abs().max() <= 3 ** 0.5 * H ** -0.5  # nanochat: uniform ±√3·H^-½
 
 

@@ -69,7 +69,7 @@ def test_value_embed_layers_follow_nanochats_rule():
 def test_value_embeddings_names_and_shapes():
     ve = ValueEmbeddings(10, 4, num_kv_heads=2, head_dim=3, gate_channels=4)
     assert {k: tuple(v.shape) for k, v in ve.state_dict().items()} == {
-        "embeds.1.weight": (10, 6), "embeds.3.weight": (10, 6), "gates.1.weight": (2, 4), "gates.3.weight": (2, 4)}
+        "embed.weight": (10, 12), "gates.1.weight": (2, 4), "gates.3.weight": (2, 4)}
     assert ValueEmbeddings(10, 4, 2, 3, layers=[2, 0]).layers == (0, 2)
 
 
@@ -82,7 +82,7 @@ def test_value_embeddings_forward_matches_loops():
     x, ids = torch.randn(2, 5, 6, generator=g), torch.randint(0, 7, (2, 5), generator=g)
     out = ve(x, ids, 2)
     assert out.shape == (2, 2, 5, 3)
-    W, E = ve.gates["2"].weight.detach(), ve.embeds["2"].weight.detach()
+    W, E = ve.gates["2"].weight.detach(), ve.embed.weight.detach()[:, 6:12]  # layer 2: the second of (0, 2)
     expected = torch.empty(2, 2, 5, 3)
     for b in range(2):
         for t in range(5):
@@ -97,7 +97,7 @@ def test_value_embeddings_forward_matches_loops():
 def test_value_embeddings_nanochat_init_ranges():
     ve = ValueEmbeddings(50, 2, 2, 8, gate_channels=12)
     ve.reset_parameters(torch.Generator().manual_seed(0), std=0.1, init="nanochat")
-    table, gate = ve.embeds["1"].weight.detach(), ve.gates["1"].weight.detach()
+    table, gate = ve.embed.weight.detach(), ve.gates["1"].weight.detach()
     assert 0.0 < float(table.abs().max()) <= 3 ** 0.5 * 0.1 and abs(float(table.std()) - 0.1) < 0.01
     assert float(gate.min()) >= 0.0 and 0.0 < float(gate.max()) < 0.02
 
@@ -110,7 +110,7 @@ def test_value_embeddings_start_at_zero_and_train_the_table(sparse):
     out = ve(x, ids, 1)
     assert torch.equal(out, torch.zeros_like(out))
     (out * torch.randn(out.shape, generator=g)).sum().backward()
-    grad = ve.embeds["1"].weight.grad
+    grad = ve.embed.weight.grad
     assert grad.is_sparse == sparse
     dense = grad.to_dense() if sparse else grad
     assert {int(r) for r in dense.abs().sum(1).nonzero()} == {0, 1, 2, 4, 8}

@@ -55,7 +55,7 @@ def test_native_inits_are_the_sources_and_seeded_by_name():
         a, b = (build_model((c := _cfg(kind, "aux.init=native")).model, c.ple, seed=s, ac=c.aux) for s in (0, 0))
         assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     value = build_model((c := _cfg("value", "aux.init=native")).model, c.ple, seed=0, ac=c.aux).model
-    table = next(iter(value.value_embeddings.embeds.values())).weight
+    table = value.value_embeddings.embed.weight
     bound = 3 ** 0.5 * c.model.hidden_size ** -0.5  # nanochat: uniform ±√3·n_embd^-½
     assert table.abs().max() <= bound and table.abs().max() > 0.9 * bound
     ngram = build_model((c := _cfg("ngram", "aux.init=native")).model, c.ple, seed=0, ac=c.aux).model.ngram_embedding

@@ -34,7 +34,9 @@ from pathlib import Path
 from plelab.config.schema import TrainConfig
 from plelab.errors import ConfigError
 from plelab.io import check_name
-from plelab.sweeps.runner import run_sweep
+from plelab.runs import warm_caches
+from plelab.sweeps.configs import base_config
+from plelab.sweeps.runner import data_key, run_sweep
 from plelab.sweeps.spec import Arm, SweepSpec, load_spec
 
 PRESET = "cpu-tiny"
@@ -156,6 +158,14 @@ def run_benchmark(root: str | Path, bench: Benchmark, jobs: int = 1, progress: b
         if old is not None and len(old.seeds) > len(spec.seeds):
             spec.seeds = old.seeds
         folders.append((folder, spec))
+    # every regime's data before any run trains, the user's corpora first: one that cannot be read (empty, binary, of
+    # a format plelab does not read) is refused at once, not after the regimes before it have trained
+    warmed = set()
+    for _, spec in sorted(folders, key=lambda fs: fs[0].name.endswith("-embedded")):
+        cfg = base_config(spec)
+        if data_key(cfg) not in warmed:
+            warm_caches(cfg)
+            warmed.add(data_key(cfg))
     for folder, spec in folders:
         run_sweep(folder, spec, jobs=jobs, progress=progress, log=log)
     return [f for f, _ in folders]

@@ -147,7 +147,7 @@ class TableAttachment:
         self.handles = []
 
     def _open(self, base, args, kwargs):
-        frame: dict = {"ids": None, "term": None, "tail": None}
+        frame: dict = {"ids": None, "term": None, "tail": None}  # term: y (ngram), M (modulation), rows (value)
         self.frames.stack.append(frame)  # first: the always-called close pops it, also when a check below raises
         if base.training and any(getattr(layer, "gradient_checkpointing", False) for layer in self.layers):
             raise PlelabError(f"an attached {self.kind} table does not run under gradient checkpointing (the layers "
@@ -163,6 +163,8 @@ class TableAttachment:
             frame["term"], frame["tail"] = self._ngram_term(ids, kwargs.get("past_key_values"))
         elif self.kind == "modulation":
             frame["term"] = self.module(ids)
+        else:
+            frame["term"] = self.module.lookup(ids)  # every selected layer's rows, once per forward
         return None
 
     def _close(self, base, args, kwargs, out) -> None:
@@ -197,7 +199,8 @@ class TableAttachment:
         def hook(v_proj, args, out):
             if not self.frames.stack:
                 return out
-            term = self.module(args[0], self.frames.stack[-1]["ids"], index)  # [B,n_kv,T,hd]
+            frame = self.frames.stack[-1]
+            term = self.module(args[0], frame["ids"], index, frame["term"])  # [B,n_kv,T,hd]
             return out + term.transpose(1, 2).reshape(out.shape)
         return hook
 
@@ -271,7 +274,7 @@ def attach_table(model: nn.Module, kind: str, *, init: str = "function-preservin
     module.to(device=weight.device, dtype=weight.dtype)
     if freeze_host:
         model.requires_grad_(False)
-    setattr(base, ATTRIBUTES[kind], module)  # registered: model.value_embeddings.embeds.{l}.weight, ...
+    setattr(base, ATTRIBUTES[kind], module)  # registered: model.value_embeddings.embed.weight, ...
     model.config.update({TABLE_CONFIG_KEY: {"kind": kind, "init": init, "seed": seed, "init_std": std,
                                             "sizes": resolved, "host_model_type": model.config.model_type}})
     hf.saves_attached(model, TABLE_CONFIG_KEY)

@@ -26,6 +26,7 @@ from plelab.config.hf_trunk import TRUNK_KEYS, hf_config_file, read_hf_config, t
 from plelab.config.schema import RunConfig
 from plelab.errors import ConfigError, PlelabError
 from plelab.integrations.hf import attach
+from plelab.integrations.pretrained import loader_errors, loader_reason
 from plelab.model.ple import PLEModules
 from plelab.training.checkpoint import load_model_weights, read_state
 from plelab.training.hosts import Host, finish_host_model, register_host
@@ -47,9 +48,9 @@ def build_hf(cfg: RunConfig, device: torch.device | str = "cpu") -> nn.Module:
     kind = values.pop("model_type")
     try:
         config = transformers.AutoConfig.for_model(kind, **values)
-    except (ValueError, TypeError, KeyError) as err:
-        raise ConfigError(f"model.hf_config {file}: transformers cannot build a {kind!r} config from it ({err})"
-                          ) from None
+    except loader_errors() as err:  # a field of the wrong type is huggingface_hub's StrictDataclassError
+        raise ConfigError(f"model.hf_config {file}: transformers cannot build a {kind!r} config from it "
+                          f"({loader_reason(err)})") from None
     stale = {k: v for k, v in trunk_values({"model_type": kind, **values}).items()
              if k in TRUNK_KEYS and getattr(cfg.model, k) != v}
     if stale:

@@ -34,6 +34,24 @@ WEIGHTS, INDEX = "model*.safetensors", "*.safetensors.index.json"  # what save_p
 FORCED = {"use_safetensors": True, "local_files_only": True, "trust_remote_code": False}
 # What transformers and safetensors raise for a folder they cannot load (a bug in plelab raises something else).
 LOADER_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError, IndexError, SafetensorError)
+
+
+def loader_errors() -> tuple[type[BaseException], ...]:
+    """:data:`LOADER_ERRORS` and huggingface_hub's ``StrictDataclassError``: transformers 5 checks a config's field
+    types with it (``"hidden_size": 2.0`` or ``"num_hidden_layers": [2]`` in a config.json), and it derives from
+    ``Exception`` alone. For every ``except`` around a transformers config or model load."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError  # with transformers (the hf extra)
+    except ImportError:  # an older huggingface_hub: transformers raises ValueError / TypeError there
+        return LOADER_ERRORS
+    return (*LOADER_ERRORS, StrictDataclassError)
+
+
+def loader_reason(err: BaseException, limit: int = 300) -> str:
+    """``err`` as one line of at most ``limit`` characters (a strict-dataclass error says the field on its first
+    line and the type on the next; an unknown model_type lists every type transformers knows)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 SAVE_AGAIN = "save the model with save_pretrained(folder, safe_serialization=True) and pass that folder"
 
 
@@ -69,8 +87,8 @@ def from_pretrained(cls: str | type, path: str | Path, what: str = "a model", **
         cls = getattr(transformers, cls) if isinstance(cls, str) else cls
         try:
             model, info = cls.from_pretrained(str(path), output_loading_info=True, **kwargs)
-        except LOADER_ERRORS as err:
-            why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        except loader_errors() as err:
+            why = loader_reason(err)
             raise PlelabError(f"transformers cannot load {path} as {what} ({type(err).__name__}: {why}); check that "
                               f"its config.json and .safetensors files are complete, or {SAVE_AGAIN}") from None
     missing = sorted(info.get("missing_keys") or ())

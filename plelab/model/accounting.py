@@ -38,7 +38,7 @@ PLE_GROUPS: tuple[str, ...] = ("ple_table", "ple_model_projection", "ple_per_lay
 AUX_GROUPS: tuple[str, ...] = ("aux_table", "aux_other")
 ADDED_GROUPS = PLE_GROUPS + AUX_GROUPS  # what a table of the family adds over the trunk
 AUX_ROOTS = ("value_embeddings", "ngram_embedding", "token_modulation")  # model.<root>.*
-AUX_TABLES = ("embeds", "embed")  # their tables: value_embeddings.embeds.{l}, ngram_embedding.embed, ...
+AUX_TABLES = ("embed",)  # their tables: model.value_embeddings.embed.weight, model.ngram_embedding.embed.weight, ...
 _PER_LAYER_PLE = ("per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm", "per_layer_gate")
 
 

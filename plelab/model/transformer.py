@@ -176,12 +176,13 @@ class PLETextModel(nn.Module):
         y = self.ngram_term(input_ids, past_key_values) if self.ac.kind == "ngram" else None
         M = self.token_modulation(input_ids) if self.ac.kind == "modulation" else None
         values = self.value_embeddings if self.ac.kind == "value" else None
+        rows = values.lookup(input_ids) if values is not None else None
         recompute = self.activation_checkpointing and torch.is_grad_enabled() and past_key_values is None
         for i, layer in enumerate(self.layers):
             p = P[:, :, i] if P is not None else None
             if y is not None:
                 h = h + self.ngram_embedding.layer_term(y, i)
-            ve = (lambda x, i=i: values(x, input_ids, i)) if values is not None and i in values.layers else None
+            ve = (lambda x, i=i: values(x, input_ids, i, rows)) if values is not None and i in values.layers else None
             m = M[:, :, i] if M is not None else None
             if recompute:
                 h = checkpoint(layer, h, cos, sin, p, None, i, ve, m, use_reentrant=False)

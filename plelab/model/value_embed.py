@@ -5,12 +5,14 @@ the value residual of ResFormer, arXiv 2410.17897, with the first layer's values
 
     ValueEmbeddings     x [B,T,H] (the attention input, the normed stream), ids [B,T], layer l  ->  [B,n_kv,T,hd]
         g  = gate_scale · sigmoid(W_g,l x[..., :gate_channels])     → [B,T,n_kv]     gates.{l}   (one per kv head)
-        ve = VE_l[ids]                                              → [B,T,n_kv,hd]  embeds.{l}
+        ve = VE[ids][..., slot(l), :]                               → [B,T,n_kv,hd]  embed      (slot: l's place)
         v ← v + g ⊙ ve                                              v [B,n_kv,T,hd], before attention (and the cache)
 
 Layers: nanochat's rule by default (:func:`value_embed_layers`: every other layer, the last always included).
-Tensor names: ``embeds.{l}.weight [V, n_kv·hd]`` and ``gates.{l}.weight [n_kv, gate_channels]`` for each selected
-layer ``l`` (nanochat holds the same tensors as ``value_embeds.{l}.weight`` and ``h.{l}.attn.ve_gate.weight``).
+Tensor names: ``embed.weight [V, |layers|·n_kv·hd]`` — the selected layers' tables side by side, as Gemma keeps its
+per-layer table ``[V, L·dP]``: one lookup per forward (:meth:`ValueEmbeddings.lookup`), one tensor for the row
+counts, the optimizer's table group and the diagnostics — and ``gates.{l}.weight [n_kv, gate_channels]`` per selected
+layer ``l`` (nanochat holds one ``value_embeds.{l}.weight [V, n_kv·hd]`` per layer and ``h.{l}.attn.ve_gate.weight``).
 """
 
 from __future__ import annotations
@@ -75,9 +77,7 @@ class ValueEmbeddings(nn.Module):
         self.layers = _selected(num_layers, layers)
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.gate_channels, self.gate_scale = gate_channels, gate_scale
-        kv_dim = num_kv_heads * head_dim
-        self.embeds = nn.ModuleDict({str(layer): nn.Embedding(vocab_size, kv_dim, sparse=sparse)
-                                     for layer in self.layers})
+        self.embed = nn.Embedding(vocab_size, len(self.layers) * num_kv_heads * head_dim, sparse=sparse)
         self.gates = nn.ModuleDict({str(layer): nn.Linear(gate_channels, num_kv_heads, bias=False)
                                     for layer in self.layers})
         self.reset_parameters()
@@ -96,20 +96,26 @@ class ValueEmbeddings(nn.Module):
         if init not in INITS:
             raise ValueError(f"unknown ValueEmbeddings init {init!r}: choose one of {', '.join(INITS)}")
         bound = 3.0 ** 0.5 * std
-        for key in self.embeds:
-            table, gate = self.embeds[key].weight, self.gates[key].weight
+        if init == "function-preserving":
+            self.embed.weight.zero_()
+        else:
+            self.embed.weight.uniform_(-bound, bound, generator=generator)
+        for gate in self.gates.values():
             if init == "function-preserving":
-                table.zero_()
-                gate.zero_()
+                gate.weight.zero_()
             else:
-                table.uniform_(-bound, bound, generator=generator)
-                gate.uniform_(0.0, 0.02, generator=generator)
+                gate.weight.uniform_(0.0, 0.02, generator=generator)
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor, layer: int) -> torch.Tensor:
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Every selected layer's rows: ``ids [B,T]`` -> ``[B,T,|layers|,n_kv,hd]`` (one lookup per forward)."""
+        return self.embed(ids).view(*ids.shape, len(self.layers), self.num_kv_heads, self.head_dim)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, layer: int, rows: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """``g ⊙ VE_l[ids]``: ``x [B,T,H]``, ``ids [B,T]`` -> the term added to layer ``layer``'s values
-        ``v [B,n_kv,T,hd]``, in ``x``'s dtype."""
+        ``v [B,n_kv,T,hd]``, in ``x``'s dtype. ``rows``: this forward's :meth:`lookup` (looked up here without)."""
         key = str(layer)
-        if key not in self.embeds:
+        if key not in self.gates:
             raise ValueError(f"layer {layer} has no value embedding: the selected layers are {list(self.layers)}")
         if x.dim() != 3 or tuple(ids.shape) != tuple(x.shape[:2]):
             raise ValueError(f"ValueEmbeddings needs x [B,T,H] and ids [B,T], got {tuple(x.shape)} and "
@@ -117,7 +123,6 @@ class ValueEmbeddings(nn.Module):
         if x.shape[-1] < self.gate_channels:
             raise ValueError(f"the gate reads the first {self.gate_channels} channels of x, but x has only "
                              f"{x.shape[-1]}")
-        B, T = ids.shape
         gate = self.gate_scale * torch.sigmoid(self.gates[key](x[..., :self.gate_channels]))
-        ve = self.embeds[key](ids).view(B, T, self.num_kv_heads, self.head_dim)
+        ve = (self.lookup(ids) if rows is None else rows)[:, :, self.layers.index(layer)]
         return (gate.unsqueeze(-1) * ve).transpose(1, 2).to(x.dtype)

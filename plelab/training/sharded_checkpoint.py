@@ -132,9 +132,65 @@ def _dcp_load(state: dict, folder: Path) -> None:
         dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)))
 
 
-def _saved_specs(folder: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    """``{name: (dtype, full shape)}`` of a sharded folder, from the safetensors storage's metadata alone."""
-    meta = HuggingFaceStorageReader(str(folder)).read_metadata()
+def _read_metadata(folder: Path, where: str, fix: str):
+    """DCP's metadata of a sharded folder, read from its safetensors headers (the files' own metadata holds each
+    piece's offsets): one line instead of DCP's ``KeyError`` / ``JSONDecodeError`` when a header is damaged."""
+    try:
+        return HuggingFaceStorageReader(str(folder)).read_metadata()
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, SafetensorError) as err:
+        why = " ".join(str(err).split())[:200] or type(err).__name__
+        raise PlelabError(f"{where}: the headers of its {folder.name} shards are damaged ({type(err).__name__}: "
+                          f"{why}); {fix}") from None
+
+
+def _covered_once(chunks: list, size: tuple[int, ...]) -> str | None:
+    """Why the saved pieces ``chunks`` (offsets and sizes) of a tensor of shape ``size`` do not hold each element
+    exactly once (a piece outside the tensor, two pieces overlapping, elements no piece holds), or None."""
+    boxes = [(tuple(c.offsets), tuple(c.sizes)) for c in chunks]
+    for off, sz in boxes:
+        if len(off) != len(size) or any(o < 0 or o + n > s for o, n, s in zip(off, sz, size)):
+            return f"a piece at offsets {list(off)} of shape {list(sz)} lies outside its shape {list(size)}"
+    if all(off[1:] == (0,) * (len(size) - 1) and sz[1:] == size[1:] for off, sz in boxes) and size:
+        end = 0  # pieces of whole rows (FSDP2's): sorted by first row they must tile [0, rows)
+        for off, sz in sorted(boxes):
+            if off[0] != end:
+                what = "held twice" if off[0] < end else "held by no shard"
+                lo, hi = sorted((off[0], end))
+                return f"rows {lo:,}–{hi - 1:,} are {what}"
+            end = off[0] + sz[0]
+        return None if end == size[0] else f"rows {end:,}–{size[0] - 1:,} are held by no shard"
+    for i, (a, sa) in enumerate(boxes):  # pieces of another form: pairwise, then the count
+        for b, sb in boxes[i + 1:]:
+            if all(x < y + m and y < x + n for x, n, y, m in zip(a, sa, b, sb)) and math.prod(sa) and math.prod(sb):
+                return f"the pieces at offsets {list(a)} and {list(b)} overlap"
+    held, full = sum(math.prod(sz) for _, sz in boxes), math.prod(size)
+    return None if held == full else f"its pieces hold {held:,} of its {full:,} elements"
+
+
+def _check_pieces(meta, where: str, fix: str) -> None:
+    """Refuse a sharded folder whose pieces of a tensor disagree on its dtype (a relabelled header: DCP takes the
+    first file's and converts the others' bytes), or do not hold each element exactly once (overlapping offsets
+    leave elements at ``torch.empty``'s garbage on consolidation, at the fresh init on resume)."""
+    stored: dict[str, dict[torch.dtype, str]] = {}
+    for index, info in meta.storage_data.items():
+        stored.setdefault(index.fqn, {}).setdefault(info.dtype, Path(info.relative_path).name)
+    for name, m in meta.state_dict_metadata.items():
+        kinds = stored.get(name, {})
+        if len(kinds) > 1:
+            (a, fa), (b, fb) = sorted(kinds.items(), key=str)[:2]
+            raise PlelabError(f"{where}: {name} is stored as {str(a).removeprefix('torch.')} in {fa} and as "
+                              f"{str(b).removeprefix('torch.')} in {fb} — a header was altered; {fix}")
+        why = _covered_once(m.chunks, tuple(m.size))
+        if why is not None:
+            raise PlelabError(f"{where}: the saved pieces of {name} do not hold it exactly once ({why}); its shard "
+                              f"offsets are damaged — {fix}")
+
+
+def _saved_specs(folder: Path, where: str, fix: str) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """``{name: (dtype, full shape)}`` of a sharded folder, from the safetensors storage's metadata alone, once its
+    pieces were checked (:func:`_check_pieces`)."""
+    meta = _read_metadata(folder, where, fix)
+    _check_pieces(meta, where, fix)
     return {k: (v.properties.dtype, tuple(v.size)) for k, v in meta.state_dict_metadata.items()}
 
 
@@ -142,7 +198,7 @@ def load_sharded_weights(model: torch.nn.Module, ckpt: Path, fix: str) -> None:
     """Load a sharded checkpoint's weights into ``model`` (FSDP2 at any world size, DDP or one process): each rank
     reads only the saved rows its own shard needs, once every tensor's name, dtype and shape were checked."""
     sd = get_model_state_dict(model)
-    check_tensors(f"checkpoint {ckpt}", _saved_specs(ckpt / SHARDED / "model"), sd, fix)
+    check_tensors(f"checkpoint {ckpt}", _saved_specs(ckpt / SHARDED / "model", f"checkpoint {ckpt}", fix), sd, fix)
     _dcp_load(sd, ckpt / SHARDED / "model")
     set_model_state_dict(model, sd)
 
@@ -154,7 +210,7 @@ def load_sharded_optimizer(model: torch.nn.Module, opt: torch.optim.Optimizer, c
     extra = load_file(str(ckpt / "extra.safetensors"))
     params = dict(model.named_parameters())
     groups = get_optimizer_state_dict(model, opt)["param_groups"]
-    saved = _saved_specs(ckpt / SHARDED / "optim")
+    saved = _saved_specs(ckpt / SHARDED / "optim", f"checkpoint {ckpt}", fix)
     held = [n for group in groups for n in group["params"] if f"{n}.exp_avg" in saved]
     moments = {f"{n}.{k}": expected[f"{n}.{k}"] for n in held for k in _MOMENTS}
     check_tensors(f"checkpoint {ckpt}", saved, moments, fix)
@@ -199,7 +255,7 @@ def _check_against_the_run(ckpt: Path, meta: dict) -> None:
                           "earlier checkpoint") from None
     model = build_model(cfg.model, cfg.ple, device="meta", ac=cfg.aux)
     found = {name: (m.properties.dtype, tuple(m.size)) for name, m in meta.items()}
-    check_tensors(f"the shards of checkpoint {ckpt}", found, model.state_dict(keep_vars=True),
+    check_tensors(f"checkpoint {ckpt} (its shards)", found, model.state_dict(keep_vars=True),
                   "consolidate an earlier checkpoint")
 
 
@@ -214,8 +270,10 @@ def consolidate_folder(ckpt: Path) -> Path:
     if reason is not None:
         raise PlelabError(f"checkpoint {ckpt} is torn: {reason}; consolidate an earlier one")
     folder = ckpt / SHARDED / "model"
-    meta = HuggingFaceStorageReader(str(folder)).read_metadata().state_dict_metadata
+    read = _read_metadata(folder, f"checkpoint {ckpt}", "consolidate an earlier checkpoint")
+    meta = read.state_dict_metadata
     _check_claimed_sizes(ckpt, meta)
+    _check_pieces(read, f"checkpoint {ckpt}", "consolidate an earlier checkpoint")
     _check_against_the_run(ckpt, meta)
     sd = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in meta.items()}
     _dcp_load(sd, folder)
