@@ -172,3 +172,33 @@ def test_a_sweep_compares_the_kinds_with_the_trunk(tmp_path, capsys):
     assert rows["modulation"]["added_params"] == 512 * 2 * 64 and rows["modulation"]["n"] == 3
     vs_base = {c["b"]: c for c in results["analysis"]["controls_vs_baseline"]}
     assert set(vs_base) == {"ngram-rows1031", "modulation"} and vs_base["modulation"]["a"] == "dp0"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["modulation", "ngram"])
+def test_the_verdict_reads_a_kinds_table_and_says_it_is_outside_the_benchmark(kind, tmp_path, tiny_data):
+    """Row counts (token ids, or the n-gram's buckets) are saved with each checkpoint, W_0 is regenerated from the
+    seed, the checkpoint diagnostics and plelab diagnose read the kind's table, and the range check names the kind."""
+    from plelab.diagnostics.diagnose import diagnose_run
+    from plelab.model.tables import initial_aux_table, table_view
+    runs = []
+    for seed in (0, 1):
+        cfg = _cfg(kind, "aux.init=native", "train.steps=40", "train.checkpoint_every=40", "train.eval_every=20",
+                   f"seed={seed}", "train.precision=fp32")
+        plelab.train(cfg, tmp_path / f"s{seed}", data=tiny_data, progress=False, log=lambda *a: None)
+        runs.append(tmp_path / f"s{seed}")
+    view = table_view(cfg.model, cfg.ple, cfg.aux)
+    ckpt = runs[0] / "checkpoints" / "step-000040"
+    from safetensors.torch import load_file
+    counts = load_file(str(ckpt / "optimizer.safetensors"))["diag.row_counts"]
+    lookups = 40 * cfg.train.batch_size * cfg.train.seq_len * (len(cfg.aux.orders) * cfg.aux.heads
+                                                               if kind == "ngram" else 1)
+    assert counts.shape == (view.rows,) and int(counts.sum()) == lookups
+    live = json.loads((ckpt / "diagnostics.json").read_text())
+    assert len(live["layers"]) == view.layers and "permute" in live["use"]
+    rep = diagnose_run(runs[0], reference=runs[1], progress=False, windows=16)
+    assert rep["key"] == view.key and rep["shape"] == [view.rows, view.layers, view.dim]
+    assert rep["table"]["cross_seed"]["cka"] is not None and rep["table"]["use"]["permute"]["windows"] == 16
+    assert "table kind" in rep["reliability"][0] and kind in rep["reliability"][0]
+    w0 = initial_aux_table(cfg.model, cfg.aux, 0)
+    assert not torch.equal(w0, load_file(str(ckpt / "model.safetensors"))[view.key])  # trained away from W_0

@@ -45,6 +45,7 @@ from plelab.diagnostics.verdict import calibrated_windows, layer_verdict, verdic
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
 from plelab.model.ple import IIDTableIds
+from plelab.model.tables import model_table
 from plelab.training.checkpoint import load_model_weights, read_state
 from plelab.training.hosts import get_host, host_logits
 from plelab.training.optim import lr_multiplier, table_lr
@@ -103,6 +104,9 @@ class RunTable:
         self.table = source.load()
         self.alpha = state.get("table_decay_alpha")
         self.counts = _saved_counts(source.checkpoint)
+        if self.counts is None and self.cfg.aux.extra:
+            raise PlelabError(f"{source.checkpoint} holds no row counts (diag.row_counts), which every checkpoint of "
+                              f"an aux.kind={self.cfg.aux.kind} run has: the checkpoint is damaged; use another")
         if self.counts is None:
             self.counts = row_occurrences(self.cfg, self.data, self.step)
         w0 = initial_table(self.cfg).view(self.table.shape)
@@ -263,10 +267,10 @@ def diagnose_run(path: str | Path, reference: str | Path | None = None, null_run
         win = data_val_windows(run.data, run.cfg.train.seq_len, windows)
         base, results = use_metrics(model, win, initial_table(run.cfg), run.counts, batch=16,
                                     device=torch.device("cpu"), per_layer=True, seed=run.cfg.seed, iid=iid,
-                                    logits_of=None if host is None else host_logits)
+                                    table=model_table(model), logits_of=None if host is None else host_logits)
         report["base_val_loss"] = base
         train_win = val_windows(run.data.train, run.cfg.train.seq_len, 4 * windows)
-        if host is None:  # the probe reads plelab's decoder's hidden states and head
+        if host is None and not run.cfg.aux.extra:  # the probe reads plelab's decoder's hidden states and PLE table
             report["predictiveness"] = id_information(model, train_win, win, seed=run.cfg.seed, iid=iid)
         use_table = {r.kind: r.to_dict() for r in results if r.layer is None}
         for r in results:
@@ -292,7 +296,7 @@ def diagnose_run(path: str | Path, reference: str | Path | None = None, null_run
     report["reliability"] = verdict_reliability(cfg.model.hidden_size if cfg is not None else run.hidden_size,
                                                 source.rows, dP, fraction, float(run.counts.sum()) / source.rows,
                                                 windows=perm and perm.get("windows"), layers=L,
-                                                trunk=_trunk(cfg))
+                                                trunk=_trunk(cfg), kind=cfg.aux.kind if cfg is not None else "ple")
     return report
 
 

@@ -17,7 +17,8 @@ from plelab.diagnostics.structure import matrix_stats
 from plelab.diagnostics.usage import use_metrics
 from plelab.diagnostics.verdict import use_verdict
 from plelab.model.init import initial_normal, table_init_std
-from plelab.model.ple import TABLE_KEY, IIDTableIds, PLEModules
+from plelab.model.ple import TABLE_KEY, IIDTableIds
+from plelab.model.tables import initial_aux_table, model_table
 from plelab.training.task import Observer
 
 
@@ -34,7 +35,8 @@ class LiveDiagnostics(Observer):
     def __init__(self, task) -> None:
         self.task, self.cfg = task, task.cfg
         tc = self.cfg.train
-        self.every = 0 if tc.compile else tc.diag_every
+        # the live probe reads PLE's per-layer signals: another kind of table gets its checkpoint diagnostics only
+        self.every = 0 if tc.compile or self.cfg.aux.extra else tc.diag_every
         self.probe: SignalProbe | None = None
 
     def bind(self, model, env) -> None:
@@ -68,6 +70,10 @@ class LiveDiagnostics(Observer):
 
 
 def initial_table(cfg: RunConfig) -> torch.Tensor:
+    """The run's table at step 0 (PLE's, or another kind's: :func:`~plelab.model.tables.initial_aux_table`),
+    regenerated from its seed."""
+    if cfg.aux.extra:
+        return initial_aux_table(cfg.model, cfg.aux, cfg.seed)
     vp = cfg.ple.resolved_vocab_size(cfg.model)
     if cfg.ple.table == "zero":
         return torch.zeros(vp, cfg.model.num_hidden_layers * cfg.ple.dim)
@@ -85,10 +91,11 @@ def checkpoint_diagnostics(model: nn.Module, cfg: RunConfig, counts: np.ndarray,
     A frozen table has Δ = 0 (structure skipped, the use test still asks whether the model relies on
     its random rows); a zeroed table has neither.
     """
-    if cfg.ple.table == "zero":
+    if cfg.ple.table == "zero" and not cfg.aux.extra:
         return {"rows_used": int((counts > 0).sum()), "layers": [], "skipped": "ple.table=zero: no table signal"}
     return table_diagnostics(model, initial_table(cfg), counts, alpha, windows, device, seed=cfg.seed, iid=iid,
-                             structure=cfg.ple.table == "learned", fraction=fraction, logits_of=logits_of)
+                             structure=cfg.aux.extra or cfg.ple.table == "learned", fraction=fraction,
+                             logits_of=logits_of)
 
 
 @torch.no_grad()
@@ -97,7 +104,7 @@ def table_diagnostics(model: nn.Module, w0: torch.Tensor, counts: np.ndarray, al
                       iid: IIDTableIds | None = None, structure: bool = True, fraction: float | None = None,
                       logits_of: Callable | None = None) -> dict:
     """Structure of W_t and Δ = W_t − αW_0 on the used rows of each layer, and the table-level use test, for
-    any model holding PLE modules.
+    any model holding PLE modules or another kind's table (:func:`~plelab.model.tables.model_table`).
 
     ``w0 [Vp, L·dP]``: the table at step 0; ``counts [Vp]``: how often each row was looked up in training;
     ``alpha``: Π(1 − lr·wd) of the table's group (1 without weight decay); ``windows [N, T+1]``: validation token
@@ -105,9 +112,9 @@ def table_diagnostics(model: nn.Module, w0: torch.Tensor, counts: np.ndarray, al
     ``fraction``: how far through its run the checkpoint is (the use verdict's calibrated decision point);
     ``logits_of``: the logits in the model's forward output (:func:`~plelab.model.losses.window_losses`).
     """
-    ple = PLEModules(model)
-    L, dP = ple.num_layers, ple.dim
-    wt = ple.table.detach().float().cpu()
+    table = model_table(model)
+    weight, L, dP = table
+    wt = weight.detach().float().cpu()
     used = counts > 0
     out: dict = {"rows_used": int(used.sum()), "layers": []}
     if structure:
@@ -118,7 +125,7 @@ def table_diagnostics(model: nn.Module, w0: torch.Tensor, counts: np.ndarray, al
                                   "delta_used": matrix_stats(delta[used][:, cols]).to_dict()})
     if windows is not None and len(windows):
         base, results = use_metrics(model, windows, w0, counts, batch=16, device=device, per_layer=False, seed=seed,
-                                    iid=iid, logits_of=logits_of)
+                                    iid=iid, table=table, logits_of=logits_of)
         out["val_loss"] = base
         out["use"] = {r.kind: r.to_dict() for r in results}
         perm = out["use"]["permute"]

@@ -19,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 from plelab.config.schema import RunConfig
 from plelab.errors import PlelabError
 from plelab.model.loading import tensor_location
+from plelab.model.tables import table_view
 from plelab.training.checkpoint import list_checkpoints, model_file, read_state
 
 TABLE_SUFFIX = "embed_tokens_per_layer.weight"
@@ -172,7 +173,8 @@ def find_table(path: str | Path, num_layers: int | None = None, dp: int | None =
         except (PlelabError, TypeError, ValueError) as err:
             raise PlelabError(f"{ckpt}/state.json holds no valid config ({err}); the checkpoint is damaged or from "
                               "another plelab version") from None
-        if not cfg.ple.enabled:
+        view = table_view(cfg.model, cfg.ple, cfg.aux)
+        if view is None:
             raise PlelabError(f"{ckpt} is a dP=0 run: it has no per-layer table to diagnose")
         given = [flag for flag, value, own in (("--num-layers", num_layers, cfg.model.num_hidden_layers),
                                                ("--dp", dp, cfg.ple.dim)) if value is not None and value != own]
@@ -180,8 +182,12 @@ def find_table(path: str | Path, num_layers: int | None = None, dp: int | None =
             raise PlelabError(f"{' and '.join(given)} disagree with the run's own config (L="
                               f"{cfg.model.num_hidden_layers}, dP={cfg.ple.dim}); they are for a bare safetensors "
                               "table — drop them for a run or checkpoint folder")
-        file, key, shape = _find_in_safetensors(model_file(ckpt))
-        num_layers, dp = cfg.model.num_hidden_layers, cfg.ple.dim
+        if view.kind == "ple":
+            file, key, shape = _find_in_safetensors(model_file(ckpt))
+        else:  # another kind of the family: its table by its own name, read as [rows, layers·dim]
+            file, key = model_file(ckpt), view.key
+            shape = tuple(_open_keys(file)[1].get(key, ()))
+        num_layers, dp = view.layers, view.dim
     else:
         file, key, shape = _find_in_safetensors(p)
         hf_layers, hf_dp = _hf_dims(file.parent) if num_layers is None or dp is None else (None, None)

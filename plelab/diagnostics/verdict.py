@@ -268,14 +268,15 @@ class RangeStatus:
 
 def range_status(*, hidden_size: float | None, layers: float | None, rows: float | None, dim: float | None,
                  tokens_per_row: float | None, windows: float | None, fraction: float | None,
-                 cal: dict | None = None, trunk: str = "plelab") -> RangeStatus:
+                 cal: dict | None = None, trunk: str = "plelab", kind: str = "ple") -> RangeStatus:
     """Is a model (and the checkpoint a call reads) inside the benchmark's measured span on every axis — hidden
     size, layers, table rows, dP, tokens per table row, the use test's validation windows and the position in the
     run? No widening factor: no validation has measured how far the thresholds transfer. An unknown value (None)
     is outside, except ``windows`` (None: no use test ran, the axis does not apply). ``cal``: a calibration dict
     (default: the shipped one), for a study's own benchmark. ``trunk``: the decoder the table sits in —
     ``"plelab"`` (the only one the benchmark trains) or any other name (an HF trunk, your own model, a monitored
-    run), which is outside whatever its sizes."""
+    run), which is outside whatever its sizes. ``kind``: the table's kind (``aux.kind``); the benchmark trains PLE
+    tables only, so any other kind is outside (its thresholds were never measured on it)."""
     spans = benchmark_spans(cal)
     values = {"H": hidden_size, "layers": layers, "table rows": rows, "dP": dim, "tokens per row": tokens_per_row,
               "use-test windows": windows, "position in the run": fraction}
@@ -290,6 +291,9 @@ def range_status(*, hidden_size: float | None, layers: float | None, rows: float
     if trunk != "plelab":
         axes.append(AxisStatus("trunk", None, None, False,
                                note=f"{trunk} vs plelab's decoder, the only trunk the benchmark trains"))
+    if kind != "ple":
+        axes.append(AxisStatus("table kind", None, None, False,
+                               note=f"{kind} vs PLE, the only kind of table the benchmark trains"))
     return RangeStatus(axes)
 
 
@@ -320,15 +324,15 @@ def _regime_reliability(name: str, rel, fraction: float) -> tuple[float, str] | 
 
 def verdict_reliability(hidden_size: int | None, rows: int | None, dim: int | None, fraction: float | None,
                         tokens_per_row: float | None, windows: int | None = None,
-                        layers: int | None = None, trunk: str = "plelab") -> list[str]:
+                        layers: int | None = None, trunk: str = "plelab", kind: str = "ple") -> list[str]:
     """How often each call was wrong in the benchmark regimes of the nearest hidden size, at the decision point
     nearest ``fraction``: counted by configuration, held out by corpus (a user's corpus is never in the benchmark)
     and, when another held-out scheme is worse, that one too, named; with coverage. Or why the model is outside the
     calibrated range (:func:`range_status`; then the rates do not apply). A calibration that counted calls rather
     than configurations (the shipped file before issue 51) says its rates were not measured per configuration.
-    ``trunk``: :func:`range_status`'s."""
+    ``trunk``, ``kind``: :func:`range_status`'s."""
     status = range_status(hidden_size=hidden_size, layers=layers, rows=rows, dim=dim, tokens_per_row=tokens_per_row,
-                          windows=windows, fraction=fraction, trunk=trunk)
+                          windows=windows, fraction=fraction, trunk=trunk, kind=kind)
     if not status.inside:
         return [status.line() + ": the benchmark's error rates do not apply to this verdict"]
     cal = calibration()

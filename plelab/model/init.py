@@ -33,7 +33,7 @@ from plelab.model.layers import RMSNorm
 from plelab.model.modulation import TokenModulation
 from plelab.model.ngram import HashedNgramEmbedding
 from plelab.model.ple import PLEModules
-from plelab.model.transformer import PLECausalLM
+from plelab.model.transformer import AUX_ATTRIBUTES, PLECausalLM, build_aux
 from plelab.model.value_embed import ValueEmbeddings
 from plelab.runtime import seeded_generator
 
@@ -93,6 +93,16 @@ def init_aux(name: str, module: nn.Module, seed: int, mc: ModelConfig, ac: AuxCo
     module.reset_parameters(generator=seeded_generator(seed, name), std=std, init=init)
     if device.type != "cpu":
         module.to(device)
+
+
+def build_aux_alone(mc: ModelConfig, ac: AuxConfig, seed: int) -> nn.Module:
+    """The run's aux module on its own, on CPU, with the values the whole model's :func:`init_weights` gives it
+    (seeded by the same name): what the diagnostics regenerate W_0 from."""
+    module = build_aux(mc, ac)
+    if module is None:
+        raise ValueError(f"aux.kind={ac.kind} has no aux module")
+    init_aux(f"model.{AUX_ATTRIBUTES[ac.kind]}", module, seed, mc, ac)
+    return module
 
 
 def init_block_rows(shape: tuple[int, ...]) -> int:

@@ -145,10 +145,11 @@ def count_collisions(token_ids: torch.Tensor, *, rows: int, orders=(2, 3), heads
     return report
 
 
-def _resolve(vocab_size: int, hidden_size: int, orders, heads: int, rows: int | None,
-             dim: int | None) -> tuple[tuple[int, ...], int, int]:
-    """``(orders, rows, dim)`` of a table: rows :func:`ngram_rows` (V), dim ``H // (len(orders)·heads)`` by default."""
-    rows = ngram_rows(vocab_size) if rows is None else rows
+def resolve_sizes(vocab_size: int, hidden_size: int, orders, heads: int, rows: int | None, dim: int | None,
+                  multiple: float = 5.0) -> tuple[tuple[int, ...], int, int]:
+    """``(orders, rows, dim)`` of a table: rows :func:`ngram_rows` (V, ``multiple``), dim ``H // (len(orders)·heads)``
+    by default."""
+    rows = ngram_rows(vocab_size, multiple) if rows is None else rows
     orders = _check_hash(orders, heads, rows)
     dim = max(1, hidden_size // (len(orders) * heads)) if dim is None else dim
     if dim < 1 or hidden_size < 1:
@@ -160,7 +161,7 @@ def added_params(vocab_size: int, hidden_size: int, num_layers: int, orders=(2, 
                  rows: int | None = None, dim: int | None = None) -> int:
     """The exact parameter count of :class:`HashedNgramEmbedding` with these numbers:
     ``R·d + H·S·d + L`` (table, projection, per-layer scales; ``S = len(orders)·heads``)."""
-    orders, rows, dim = _resolve(vocab_size, hidden_size, orders, heads, rows, dim)
+    orders, rows, dim = resolve_sizes(vocab_size, hidden_size, orders, heads, rows, dim)
     return rows * dim + hidden_size * len(orders) * heads * dim + num_layers
 
 
@@ -171,7 +172,7 @@ def flops_per_token(vocab_size: int, hidden_size: int, num_layers: int, orders=(
     Convention (as :mod:`plelab.model.accounting`): 2 × the multiply-adds of the matmuls only; the hash (integer
     arithmetic), the lookups and the per-layer ``λ_l · y`` and sums (``2·L·H`` element-wise) count 0. Training is 3×.
     """
-    orders, rows, dim = _resolve(vocab_size, hidden_size, orders, heads, rows, dim)
+    orders, rows, dim = resolve_sizes(vocab_size, hidden_size, orders, heads, rows, dim)
     return 2 * hidden_size * len(orders) * heads * dim
 
 
@@ -186,7 +187,7 @@ class HashedNgramEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, num_layers: int, orders=(2, 3), heads: int = 1,
                  rows: int | None = None, dim: int | None = None, seed: int = 0, sparse: bool = False) -> None:
         super().__init__()
-        self.orders, self.rows, self.dim = _resolve(vocab_size, hidden_size, orders, heads, rows, dim)
+        self.orders, self.rows, self.dim = resolve_sizes(vocab_size, hidden_size, orders, heads, rows, dim)
         if num_layers < 1:
             raise ValueError(f"HashedNgramEmbedding needs num_layers >= 1, got {num_layers}")
         self.heads, self.seed, self.num_layers = heads, seed, num_layers

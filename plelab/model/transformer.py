@@ -45,6 +45,24 @@ from plelab.model.ple import PerLayerEmbedding, PerLayerInjection, keep_unregist
 from plelab.model.value_embed import ValueEmbeddings
 
 
+# aux.kind -> the attribute of the text model holding its module (model.<attribute>.* in the state dict)
+AUX_ATTRIBUTES = {"value": "value_embeddings", "ngram": "ngram_embedding", "modulation": "token_modulation"}
+
+
+def build_aux(mc: ModelConfig, ac: AuxConfig) -> nn.Module | None:
+    """The module of the run's aux table (``aux.kind``; None for PLE), its values unset (:mod:`plelab.model.init`)."""
+    L, H, V = mc.num_hidden_layers, mc.hidden_size, mc.vocab_size
+    if ac.kind == "value":
+        return ValueEmbeddings(V, L, mc.num_key_value_heads, mc.resolved_head_dim, layers=ac.layers or None,
+                               gate_channels=ac.gate_channels)
+    if ac.kind == "ngram":
+        return HashedNgramEmbedding(V, H, L, orders=ac.orders, heads=ac.heads, dim=ac.dim, seed=ac.hash_seed,
+                                    rows=ac.rows if ac.rows is not None else ngram_rows(V, ac.rows_multiple))
+    if ac.kind == "modulation":
+        return TokenModulation(V, H, L)
+    return None
+
+
 class DecoderLayer(nn.Module):
     """One block: attention, SwiGLU, then the PLE injection (:class:`PerLayerInjection`) as a third residual
     update. The injection's tensors are registered on the layer under HF's flat names."""
@@ -106,16 +124,9 @@ class PLETextModel(nn.Module):
         keep_unregistered(self, "per_layer_embedding", embedding)
         self.layers = nn.ModuleList(DecoderLayer(mc, pc) for _ in range(L))
         self.norm = RMSNorm(H, mc.rms_norm_eps)
-        ac, V = self.ac, mc.vocab_size
-        if ac.kind == "value":
-            self.value_embeddings = ValueEmbeddings(V, L, mc.num_key_value_heads, mc.resolved_head_dim,
-                                                    layers=ac.layers or None, gate_channels=ac.gate_channels)
-        elif ac.kind == "ngram":
-            self.ngram_embedding = HashedNgramEmbedding(
-                V, H, L, orders=ac.orders, heads=ac.heads, dim=ac.dim, seed=ac.hash_seed,
-                rows=ac.rows if ac.rows is not None else ngram_rows(V, ac.rows_multiple))
-        elif ac.kind == "modulation":
-            self.token_modulation = TokenModulation(V, H, L)
+        aux = build_aux(mc, self.ac)
+        if aux is not None:
+            setattr(self, AUX_ATTRIBUTES[self.ac.kind], aux)
         # A Python float (HF keeps it as a non-persistent buffer; same value in fp32).
         self.embed_scale = math.sqrt(H) if mc.scale_embeddings else 1.0
 

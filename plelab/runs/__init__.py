@@ -67,8 +67,8 @@ def make_task(cfg: RunConfig, data) -> Task:
 
 
 def default_observers(task: Task) -> list[Observer]:
-    """Live and at-checkpoint diagnostics when the run has a per-layer table."""
-    return [LiveDiagnostics(task)] if task.cfg.ple.enabled else []
+    """Live and at-checkpoint diagnostics when the run has a table (PLE's, or another kind's)."""
+    return [LiveDiagnostics(task)] if task.cfg.ple.enabled or task.cfg.aux.extra else []
 
 
 def check_start(cfg: RunConfig, out_dir: str | Path | None, resume: bool) -> None:

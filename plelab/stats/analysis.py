@@ -19,7 +19,9 @@ credited to the learned table.
 
 from __future__ import annotations
 
+from plelab.config import RunConfig
 from plelab.diagnostics.verdict import range_status, verdict
+from plelab.model.tables import table_view
 from plelab import stats
 from plelab.stats import blocked
 from plelab.stats.budget import token_budget
@@ -65,17 +67,18 @@ def _run_verdict(run, when: str) -> tuple[str, str] | None:
 
 def calibrated_range(res: SweepResults, arm: str, fraction: float = 1.0) -> dict | None:
     """Whether the verdicts of ``arm``'s runs at ``fraction`` of the run sit inside the benchmark's measured span
-    on every axis (:func:`plelab.diagnostics.verdict.range_status`); None for an arm without a per-layer table."""
+    on every axis (:func:`plelab.diagnostics.verdict.range_status`); None for an arm without a table."""
     cfg, runs = res.configs[arm], res.runs.get(arm, {})
-    ple, model = cfg["ple"], cfg["model"]
-    if not ple["dim"] or not runs:
+    model = cfg["model"]
+    parsed = RunConfig.from_dict(cfg)
+    view = table_view(parsed.model, parsed.ple, parsed.aux)
+    if view is None or not runs:
         return None
-    rows = ple.get("vocab_size") or model["vocab_size"]
     tokens = fraction * sum(r.tokens_seen for r in runs.values()) / len(runs)
     windows = cfg["train"].get("diag_windows") or None
-    return range_status(hidden_size=model["hidden_size"], layers=model["num_hidden_layers"], rows=rows,
-                        dim=ple["dim"], tokens_per_row=tokens / rows, windows=windows, fraction=fraction,
-                        trunk=_trunk(model)).to_dict()
+    return range_status(hidden_size=model["hidden_size"], layers=model["num_hidden_layers"], rows=view.rows,
+                        dim=view.dim, tokens_per_row=tokens / view.rows, windows=windows, fraction=fraction,
+                        trunk=_trunk(model), kind=view.kind).to_dict()
 
 
 def _trunk(model: dict) -> str:

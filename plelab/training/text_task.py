@@ -23,6 +23,7 @@ from plelab.data.tokens import CHUNK_CHARS, TokenData, data_val_windows
 from plelab.model.init import build_model
 from plelab.model.losses import window_losses
 from plelab.model.ple import IIDTableIds, token_table_ids
+from plelab.model.tables import aux_row_ids, table_view
 from plelab.runtime import seeded_generator
 from plelab.training.hosts import check_host_options, get_host, host_logits
 from plelab.training.optim import optimizer_groups
@@ -40,7 +41,9 @@ class TextTask(Task):
         self.val = data_val_windows(data, tc.seq_len, tc.eval_batches * tc.batch_size)
         self.tokens_per_step = tc.batch_size * tc.seq_len
         self.table_rows = cfg.ple.resolved_vocab_size(cfg.model) if cfg.ple.enabled else 0
-        self.row_tables = {"text": (self.table_rows, TEXT_ROWS_KEY)} if self.table_rows else {}
+        view = table_view(cfg.model, cfg.ple, cfg.aux)
+        #: the run's table's rows are counted (and its diagnostics read) under "text", whatever its kind
+        self.row_tables = {"text": (view.rows, TEXT_ROWS_KEY)} if view is not None else {}
         self.iid: IIDTableIds | None = None
         self.token_rows = token_rows(cfg, data) if self.table_rows else None  # ple.vocab_remap=frequency
         check_host_options(cfg)
@@ -79,8 +82,9 @@ class TextTask(Task):
             ids = self.token_rows[x]
         elif self.table_rows:
             ids = token_table_ids(x, self.table_rows)
+        rows = aux_row_ids(self.cfg.aux, self.cfg.model, x) if self.cfg.aux.extra else ids
         return Batch({"input_ids": x, "targets": y.to(self.env.device), "table_ids": ids},
-                     {"text": ids} if ids is not None else {})
+                     {"text": rows} if rows is not None else {})
 
     def loss(self, forward: Callable, batch: Batch) -> torch.Tensor:
         if self.host is not None:  # mean next-token CE on the host's logits, in fp32

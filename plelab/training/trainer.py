@@ -267,7 +267,7 @@ class Trainer:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         for g in self.opt.param_groups:
-            if g["name"] == "ple_table":
+            if g["name"] in ("ple_table", "aux_table"):  # the run's table, whatever its kind
                 self.table_alpha *= 1 - g["lr"] * g["weight_decay"]
         self.task.after_step(step)
         if self.device.type == "cuda":
