@@ -108,7 +108,7 @@ def test_tagged_key_lists_equal_the_lists_kept_by_hand_before():
              ("train", ("steps", "batch_size", "seq_len", "lr", "table_lr", "table_lr_mult", "weight_decay",
                         "table_weight_decay", "warmup_steps", "min_lr_ratio")),
              ("data", ("path", "embedded", "mix", "tokenizer", "val_fraction", "tokenizer_sample_chars", "val_shard")),
-             ("aux", ("kind", "init", "layers", "gate_channels", "orders", "heads", "rows", "rows_multiple", "dim",
+             ("aux", ("kind", "init", "ids", "layers", "gate_channels", "orders", "heads", "rows", "rows_multiple", "dim",
                       "hash_seed"))]  # issue 56: the table family's kind and sizes
     assert keys_tagged("advise") == ("kind",) + tuple(s if keys is None else f"{s}.{k}" for s, keys in match for k in keys or [s])
     # plelab/sweeps/runner.py's data_key: all of data, model.vocab_size, visual minus table / injection / loss_weight

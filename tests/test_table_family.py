@@ -202,3 +202,22 @@ def test_the_verdict_reads_a_kinds_table_and_says_it_is_outside_the_benchmark(ki
     assert "table kind" in rep["reliability"][0] and kind in rep["reliability"][0]
     w0 = initial_aux_table(cfg.model, cfg.aux, 0)
     assert not torch.equal(w0, load_file(str(ckpt / "model.safetensors"))[view.key])  # trained away from W_0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["modulation", "ngram"])
+def test_a_real_and_an_iid_keyed_table_get_the_right_use_verdicts(kind, tmp_path, tiny_data):
+    """The null control for any kind (aux.ids=iid: lookups drawn from the real rows' frequencies — bucket
+    frequencies, [B,T,S] draws, for the n-gram table): the real table is USED, the i.i.d.-keyed one UNUSED."""
+    from plelab.diagnostics.diagnose import diagnose_run
+    calls = {}
+    for ids in ("token", "iid"):
+        cfg = _cfg(kind, "aux.init=native", f"aux.ids={ids}", "train.steps=60", "train.checkpoint_every=60",
+                   "train.eval_every=30", "train.precision=fp32")
+        plelab.train(cfg, tmp_path / ids, data=tiny_data, progress=False, log=lambda *a: None)
+        calls[ids] = diagnose_run(tmp_path / ids, progress=False)["table"]["verdict"]  # the calibrated windows
+    assert calls["token"]["use"] == "USED" and calls["iid"]["use"] == "UNUSED", calls
+    assert calls["iid"]["benefit"] == "NO BENEFIT"
+    assert main(["export", str(tmp_path / "iid"), str(tmp_path / "hf")]) == 2 and not (tmp_path / "hf").exists()
+    with pytest.raises(ConfigError, match="PLE's null control is ple.ids=iid"):
+        resolve_config("cpu-tiny", ["aux.ids=iid"], dp=8)

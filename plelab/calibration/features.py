@@ -42,10 +42,9 @@ from plelab.diagnostics.usage import ablation_losses
 from plelab.diagnostics.verdict import structure_z, use_z
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
-from plelab.model.ple import IIDTableIds
 from plelab.runs import prepare_data
 from plelab.training.checkpoint import load_model_weights
-from plelab.training.rows import row_counts
+from plelab.training.rows import null_ids
 from plelab.sweeps.results import checkpoint_path
 from plelab.sweeps.runner import RunJob, folder_done, jobs_of, run_state
 from plelab.sweeps.spec import load_spec
@@ -134,7 +133,7 @@ def _ablation(job: RunJob, step: int, data, windows: torch.Tensor) -> np.ndarray
     table = RunTable(find_table(ckpt), data)
     model = build_model(table.cfg.model, table.cfg.ple, seed=table.cfg.seed)
     load_model_weights(model, ckpt)
-    iid = IIDTableIds(torch.from_numpy(row_counts(table.cfg, data))) if table.cfg.ple.ids == "iid" else None
+    iid = null_ids(table.cfg, data)
     return ablation_losses(model, windows, table.counts, batch=16, device=torch.device("cpu"), iid=iid).numpy()
 
 

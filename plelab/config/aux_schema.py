@@ -15,6 +15,7 @@ from plelab.config.checks import _ADVISE, _require, _require_choice
 from plelab.errors import ConfigError
 
 AuxKind = Literal["ple", "value", "ngram", "modulation"]
+TableIds = Literal["token", "iid"]  # what keys a table: the real ids, or the null control's i.i.d. draws
 AuxInit = Literal["function-preserving", "native"]
 AUX_KINDS: tuple[str, ...] = get_args(AuxKind)
 # the keys each kind reads (besides kind and init); a key of another kind set away from its default is refused
@@ -34,6 +35,9 @@ class AuxConfig:
     # zero); native: each source's own init (nanochat's uniform value tables; modded-nanogpt's zero n-gram table
     # with an identity projection where square; a normal modulation table).
     init: AuxInit = field(default="function-preserving", metadata=_ADVISE)
+    # What keys the table, as ple.ids for PLE: "token" (the ids, or the n-gram's buckets), or "iid" — the null control,
+    # every lookup drawn i.i.d. from the real rows' frequencies (bucket frequencies for the n-gram table).
+    ids: TableIds = field(default="token", metadata=_ADVISE)
     # value: the layers with a value embedding; empty = nanochat's rule (every other layer, the last included).
     layers: list[int] = field(default_factory=list, metadata=_ADVISE)
     # value: the channels of the attention input that the per-head gate 3·sigmoid(W x[..., :c]) reads (nanochat 12).
@@ -58,6 +62,9 @@ class AuxConfig:
     def validate(self, num_layers: int, hidden_size: int, vocab_size: int) -> None:
         _require_choice(self.kind, "aux.kind", AuxKind)
         _require_choice(self.init, "aux.init", AuxInit)
+        _require_choice(self.ids, "aux.ids", TableIds)
+        _require(self.ids == "token" or self.extra, "aux.ids", self.ids, "token under aux.kind=ple (PLE's null "
+                 "control is ple.ids=iid)")
         _require(all(0 <= layer < num_layers for layer in self.layers) and len(set(self.layers)) == len(self.layers),
                  "aux.layers", self.layers, f"distinct layer indices in [0, {num_layers}), or empty for nanochat's rule")
         _require(1 <= self.gate_channels <= hidden_size, "aux.gate_channels", self.gate_channels,

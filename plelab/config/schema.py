@@ -22,13 +22,12 @@ from typing import Literal, get_args
 
 from plelab.config.checks import (_ADVISE, _ADVISE_PATH, _DATA, _PATH, _RESUME, _RESUME_ADVISE, _require,
                                   _require_choice)
-from plelab.config.aux_schema import AUX_KINDS, AuxConfig
+from plelab.config.aux_schema import AUX_KINDS, AuxConfig, TableIds
 from plelab.config.overrides import load_dict, tags
 from plelab.config.visual_schema import QUANTIZER_IDS, VISUAL_IDS, Injection, QuantizerIds, VisualConfig, VisualIds
 from plelab.errors import ConfigError
 
 GateKind = Literal["gemma", "scalar", "vector", "none"]
-TableIds = Literal["token", "iid"]
 VocabRemap = Literal["none", "frequency"]
 TableMode = Literal["learned", "frozen", "zero"]
 TableOptimizer = Literal["adamw", "row-sparse"]

@@ -44,12 +44,11 @@ from plelab.diagnostics.usage import use_metrics
 from plelab.diagnostics.verdict import calibrated_windows, layer_verdict, verdict, verdict_reliability
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
-from plelab.model.ple import IIDTableIds
 from plelab.model.tables import model_table
 from plelab.training.checkpoint import load_model_weights, read_state
 from plelab.training.hosts import get_host, host_logits
 from plelab.training.optim import lr_multiplier, table_lr
-from plelab.training.rows import row_counts, rows_of, token_rows
+from plelab.training.rows import null_ids, row_counts, rows_of, token_rows
 
 
 def row_occurrences(cfg: RunConfig, data: TokenData, steps: int) -> np.ndarray:
@@ -262,8 +261,7 @@ def diagnose_run(path: str | Path, reference: str | Path | None = None, null_run
         model = (build_model(run.cfg.model, run.cfg.ple, seed=run.cfg.seed, ac=run.cfg.aux) if host is None
                  else host.build(run.cfg, "cpu"))
         load_model_weights(model, source.checkpoint)
-        iid = (IIDTableIds(torch.from_numpy(row_counts(run.cfg, run.data))) if run.cfg.ple.ids == "iid"
-               else None)
+        iid = null_ids(run.cfg, run.data)
         win = data_val_windows(run.data, run.cfg.train.seq_len, windows)
         base, results = use_metrics(model, win, initial_table(run.cfg), run.counts, batch=16,
                                     device=torch.device("cpu"), per_layer=True, seed=run.cfg.seed, iid=iid,

@@ -153,8 +153,8 @@ def benefit_verdict(delta: float | None, se: float | None, fraction: float | Non
     if delta is None:
         return UNDECIDED, "no use test: BENEFIT is called from it"
     word, why = _call(use_z(delta, se), "BENEFIT", fraction, BENEFIT, NO_BENEFIT)
-    return word, (f"benefit over the same model without PLE and over the zero table, predicted from the use test: "
-                  f"{why}")
+    return word, (f"benefit over the same model without the table (and, for PLE, over the same branch with a zero "
+                  f"table), predicted from the use test: {why}")
 
 
 def verdict(cka=None, null_mean=None, null_sd=None, null_run_cka=None, delta=None, se=None,

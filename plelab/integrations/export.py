@@ -104,9 +104,10 @@ def export(run: str | Path, out: str | Path, verify: bool = True) -> ExportResul
     cfg = RunConfig.from_dict(read_state(ckpt, for_resume=False)["config"])
     if not task_kind(cfg).exportable:
         raise PlelabError(f"{ckpt} is a {cfg.kind} run: export writes text models (its model has no HF class)")
-    if cfg.ple.enabled and cfg.ple.ids != "token":
-        raise PlelabError(f"{ckpt} is a null-control run (ple.ids={cfg.ple.ids}): its table rows are keyed by random "
-                          "draws, so the model means nothing outside plelab; export a run with ple.ids=token")
+    if (cfg.ple.enabled and cfg.ple.ids != "token") or (cfg.aux.extra and cfg.aux.ids != "token"):
+        key = "aux.ids" if cfg.aux.extra else "ple.ids"
+        raise PlelabError(f"{ckpt} is a null-control run ({key}=iid): its table rows are keyed by random draws, so "
+                          f"the model means nothing outside plelab; export a run with {key}=token")
     if cfg.ple.enabled:
         import transformers  # optional dependency (the hf extra)
 

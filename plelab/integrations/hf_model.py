@@ -113,8 +113,8 @@ def classes():
         def __init__(self, config: PlelabConfig) -> None:
             super().__init__(config)
             self.mc, self.pc, ac = model_configs(config.plelab)
-            if self.pc.ids != "token":
-                raise ValueError(f"ple.ids={self.pc.ids!r} keys the table by random draws, not token ids; such a "
+            if self.pc.ids != "token" or ac.ids != "token":
+                raise ValueError("ple.ids / aux.ids = 'iid' keys the table by random draws, not token ids; such a "
                                  "null-control model has no meaning outside plelab")
             self.model = PLETextModel(self.mc, self.pc, ac=ac)
             if not self.mc.tie_word_embeddings:

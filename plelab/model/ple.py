@@ -91,18 +91,21 @@ class IIDTableIds:
     """The null control's table ids (``ple.ids=iid``): every occurrence drawn i.i.d. from the real ids'
     frequencies, so the rows a token looks up carry no information about it.
 
-    ``counts [Vp]``: how often each row is looked up by the real ids (training split).
+    ``counts [Vp]``: how often each row is looked up by the real ids (training split). ``slots``: rows each position
+    looks up (a hashed n-gram table's ``S``; its draws are then ``[B,T,S]``).
     """
 
-    def __init__(self, counts: torch.Tensor) -> None:
+    def __init__(self, counts: torch.Tensor, slots: int = 1) -> None:
         counts = counts.to(torch.float64)
         self.probs = (counts / counts.sum()).float()
+        self.slots = slots
 
     def draw(self, like: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Ids of ``like``'s shape on ``like``'s device; the draw happens where ``probs`` lives, from
-        ``generator`` (or the global generator of that device)."""
-        draws = torch.multinomial(self.probs, like.numel(), replacement=True, generator=generator)
-        return draws.view(like.shape).to(like.device)
+        """Ids of ``like``'s shape (with a last axis of ``slots`` when there are several) on ``like``'s device; the
+        draw happens where ``probs`` lives, from ``generator`` (or the global generator of that device)."""
+        shape = (*like.shape, self.slots) if self.slots > 1 else tuple(like.shape)
+        draws = torch.multinomial(self.probs, like.numel() * self.slots, replacement=True, generator=generator)
+        return draws.view(shape).to(like.device)
 
 
 def keep_unregistered(owner: nn.Module, name: str, module: nn.Module | None) -> None:

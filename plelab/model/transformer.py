@@ -184,10 +184,11 @@ class PLETextModel(nn.Module):
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         cos, sin = rotary_cos_sin(h.shape[1], self.mc.resolved_head_dim, self.mc.rope_theta, h.device, h.dtype,
                                   offset=past)
-        y = self.ngram_term(input_ids, past_key_values) if self.ac.kind == "ngram" else None
-        M = self.token_modulation(input_ids) if self.ac.kind == "modulation" else None
+        keys = self._aux_ids(input_ids, table_ids) if self.ac.extra else None
+        y = self.ngram_term(input_ids, past_key_values, keys) if self.ac.kind == "ngram" else None
+        M = self.token_modulation(keys) if self.ac.kind == "modulation" else None
         values = self.value_embeddings if self.ac.kind == "value" else None
-        rows = values.lookup(input_ids) if values is not None else None
+        rows = values.lookup(keys) if values is not None else None
         recompute = self.activation_checkpointing and torch.is_grad_enabled() and past_key_values is None
         for i, layer in enumerate(self.layers):
             p = P[:, :, i] if P is not None else None
@@ -201,11 +202,23 @@ class PLETextModel(nn.Module):
                 h = layer(h, cos, sin, p, past_key_values, i, ve, m)
         return self.norm(h)
 
-    def ngram_term(self, input_ids: torch.Tensor, cache=None) -> torch.Tensor:
+    def _aux_ids(self, input_ids: torch.Tensor, table_ids: torch.Tensor | None) -> torch.Tensor | None:
+        """What keys the aux table: ``table_ids`` when given (the null control's draws: ``[B,T]``, or ``[B,T,S]``
+        buckets for the n-gram table), else the token ids (None for the n-gram table: it hashes them)."""
+        if table_ids is not None:
+            return table_ids
+        if self.ac.ids == "iid":
+            raise ValueError("aux.ids='iid' (the null control) needs table_ids: draw them with "
+                             "plelab.IIDTableIds(counts, slots).draw(input_ids) and pass table_ids=...")
+        return None if self.ac.kind == "ngram" else input_ids
+
+    def ngram_term(self, input_ids: torch.Tensor, cache=None, buckets: torch.Tensor | None = None) -> torch.Tensor:
         """The hashed n-gram table's ``y [B,T,H]`` for ``input_ids [B,T]``; with a KV cache the n-grams reach back
         into the positions before ``input_ids`` (the cache keeps their last tokens), as one forward over the whole
-        sequence would."""
+        sequence would. ``buckets [B,T,S]``: the rows to look up instead of the hash's (the null control)."""
         ngram = self.ngram_embedding
+        if buckets is not None:
+            return ngram(input_ids, bucket_ids=buckets)
         if cache is None:
             return ngram(input_ids)
         keep = max(ngram.orders) - 1

@@ -21,11 +21,11 @@ from plelab.data.pipeline import prepare_token_data
 from plelab.data.tokens import data_val_windows
 from plelab.errors import ConfigError, PlelabError
 from plelab.model.losses import window_losses
-from plelab.model.ple import IIDTableIds, PLEModules
+from plelab.model.ple import PLEModules
 from plelab.runtime import resolve_device, setup_torch
 from plelab.training.checkpoint import read_state
 from plelab.training.loading import checkpoint_of, load_for_eval
-from plelab.training.rows import row_counts
+from plelab.training.rows import null_ids
 from plelab.training.run_precision import eval_precision
 
 
@@ -49,9 +49,7 @@ def evaluate(path: str | Path, *, device: str = "auto", windows: int | None = No
     if trained_on is not None and trained_on != data.corpus_fingerprint:
         raise PlelabError(f"{ckpt} was trained on another corpus (sha256 {trained_on[:12]}…, the run's data.path "
                           f"now gives {data.corpus_fingerprint[:12]}…); restore the run's corpus")
-    iid = None
-    if cfg.ple.enabled and cfg.ple.ids == "iid":
-        iid = IIDTableIds(torch.from_numpy(row_counts(cfg, data)).to(device))
+    iid = null_ids(cfg, data, device)
     n = windows if windows is not None else cfg.train.eval_batches * cfg.train.batch_size
     chosen = data_val_windows(data, cfg.train.seq_len, n)
     # as the trainer evaluates: its micro-batch (the i.i.d. null's draws are seeded per chunk) and precision

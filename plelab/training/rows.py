@@ -9,7 +9,8 @@ import torch
 from plelab.config.schema import RunConfig
 from plelab.data.tokens import TokenData
 from plelab.distributed import sum_across_ranks
-from plelab.model.ple import frequency_rows
+from plelab.model.ple import IIDTableIds, frequency_rows
+from plelab.model.tables import aux_row_ids, table_view
 
 
 class RowCounter:
@@ -49,7 +50,33 @@ def rows_of(token_counts: np.ndarray, rows: torch.Tensor | None, table_rows: int
 
 
 def row_counts(cfg: RunConfig, data: TokenData) -> np.ndarray:
-    """How often each table row is looked up by the training split's ids, under the run's id -> row rule."""
+    """How often each table row is looked up by the training split's ids, under the run's id -> row rule (for
+    another kind of table: its token ids, or its n-gram buckets over the split cut into training-length windows)."""
+    if cfg.aux.extra:
+        return _aux_row_counts(cfg, data)
     V, vp = cfg.model.vocab_size, cfg.ple.resolved_vocab_size(cfg.model)
     counts = data.train_counts(max(V, vp))  # one pass over the training split for both the map and the counts
     return rows_of(counts, token_rows(cfg, data, counts), vp)
+
+
+def _aux_row_counts(cfg: RunConfig, data: TokenData, chunk: int = 1 << 20) -> np.ndarray:
+    view = table_view(cfg.model, cfg.ple, cfg.aux)
+    if view.keyed_by == "token":
+        return data.train_counts(view.rows)
+    T = cfg.train.seq_len  # the buckets as training windows hash them: each window stands alone
+    stream = torch.from_numpy(np.asarray(data.train[: len(data.train) // T * T], dtype=np.int64)).view(-1, T)
+    counts = torch.zeros(view.rows, dtype=torch.int64)
+    for start in range(0, len(stream), max(1, chunk // T)):
+        ids = aux_row_ids(cfg.aux, cfg.model, stream[start:start + max(1, chunk // T)])
+        counts += torch.bincount(ids.reshape(-1), minlength=view.rows)
+    return counts.numpy()
+
+
+def null_ids(cfg: RunConfig, data: TokenData, device: torch.device | str = "cpu") -> IIDTableIds | None:
+    """The null control's draws (``ple.ids=iid`` / ``aux.ids=iid``) from the real rows' frequencies on the training
+    split; None for a run keyed by its real ids."""
+    aux = cfg.aux.extra
+    if not (cfg.aux.ids == "iid" if aux else cfg.ple.enabled and cfg.ple.ids == "iid"):
+        return None
+    slots = len(cfg.aux.orders) * cfg.aux.heads if aux and cfg.aux.kind == "ngram" else 1
+    return IIDTableIds(torch.from_numpy(row_counts(cfg, data)).to(device), slots)

@@ -27,7 +27,7 @@ from plelab.model.tables import aux_row_ids, table_view
 from plelab.runtime import seeded_generator
 from plelab.training.hosts import check_host_options, get_host, host_logits
 from plelab.training.optim import optimizer_groups
-from plelab.training.rows import row_counts, token_rows
+from plelab.training.rows import null_ids, token_rows
 from plelab.training.task import Batch, Kind, RunEnv, Task, register_task_kind
 
 TEXT_ROWS_KEY = "diag.row_counts"
@@ -53,8 +53,7 @@ class TextTask(Task):
 
     def bind(self, env: RunEnv) -> None:
         super().bind(env)
-        if self.table_rows and self.cfg.ple.ids == "iid":
-            self.iid = IIDTableIds(torch.from_numpy(row_counts(self.cfg, self.data)).to(env.device))
+        self.iid = null_ids(self.cfg, self.data, env.device)
         if self.token_rows is not None:
             self.token_rows = self.token_rows.to(env.device)
 
@@ -82,7 +81,7 @@ class TextTask(Task):
             ids = self.token_rows[x]
         elif self.table_rows:
             ids = token_table_ids(x, self.table_rows)
-        rows = aux_row_ids(self.cfg.aux, self.cfg.model, x) if self.cfg.aux.extra else ids
+        rows = aux_row_ids(self.cfg.aux, self.cfg.model, x) if ids is None and self.cfg.aux.extra else ids
         return Batch({"input_ids": x, "targets": y.to(self.env.device), "table_ids": ids},
                      {"text": rows} if rows is not None else {})
 
