@@ -12,6 +12,7 @@ the folder holding the new name (:func:`sync_dir`); :func:`replace_synced` does 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -73,6 +74,25 @@ def os_reason(err: OSError) -> str:
     return reason
 
 
+@contextlib.contextmanager
+def naming(path: str | os.PathLike):
+    """Inside the block, a failed write names ``path``: an ``OSError`` that names no file (what ``write()``,
+    ``close()`` or ``fsync()`` raise on a full disk) gets ``path`` as its file name, and a Rust writer's failure
+    carrying an OS error (tokenizers' ``Exception: File too large (os error 27)``) becomes that ``OSError`` on
+    ``path`` — so the one line a command prints says which file (``cannot access PATH: No space left on device``)."""
+    try:
+        yield
+    except OSError as err:
+        if not err.filename:
+            err.filename = str(path)
+        raise
+    except Exception as err:
+        code = re.search(r"\(os error (\d+)\)", (str(err).splitlines() or [""])[0])
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from err
+
+
 def write_failure(err: BaseException) -> str | None:
     """Why a write failed, in words, when ``err`` is a failed write (else None: a bug, to be raised as it is): an
     ``OSError``, a safetensors ``SafetensorError``, or another Rust writer's error carrying an OS error (tokenizers:
@@ -118,7 +138,8 @@ def sync_file(path: str | os.PathLike) -> None:
     """``fsync`` the file ``path``: its data and size are on disk when this returns."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        with naming(path):  # fsync's error names no file
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -134,6 +155,7 @@ def sync_dir(path: str | os.PathLike) -> None:
         os.fsync(fd)
     except OSError as err:
         if err.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP, errno.EOPNOTSUPP):
+            err.filename = err.filename or str(path)
             raise
     finally:
         os.close(fd)
@@ -173,9 +195,10 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        writer(Path(tmp))
-        os.chmod(tmp, 0o666 & ~umask())
-        replace_synced(tmp, path)
+        with naming(path):  # a full disk's write or fsync names the file being written
+            writer(Path(tmp))
+            os.chmod(tmp, 0o666 & ~umask())
+            replace_synced(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

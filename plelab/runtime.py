@@ -46,6 +46,19 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(f"invalid device {name!r}: allowed auto | cpu | cuda | cuda:N | mps") from None
 
 
+SEED_LIMIT = 2 ** 63  # seeds plelab takes: 0 to 2**63 - 1 (a torch generator's manual_seed overflows past 2**64)
+
+
+def check_seed(seed: object, what: str = "--seed", headroom: int = 0) -> int:
+    """``seed`` if it is an integer a torch generator takes, with ``headroom`` to spare for the offsets added to it
+    (a held-out split's seed); else a one-line :class:`ConfigError` (a 31-digit seed was an overflow traceback)."""
+    top = SEED_LIMIT - 1 - headroom
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= top:
+        raise ConfigError(f"{what} {seed!r} is not an integer from 0 to {top:,} (a torch generator seed); give a "
+                          "seed in that range")
+    return seed
+
+
 def param_seed(seed: int, name: str) -> int:
     """A stable 63-bit seed for ``(seed, name)`` (independent of Python's hash randomisation)."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()

@@ -94,7 +94,9 @@ def test_a_broken_pipe_elsewhere_is_still_an_error(monkeypatch, capsys):
 
     monkeypatch.setattr(configs, "cmd_presets", boom)
     assert main(["presets"]) == 2  # stdout (captured here) is open: the pipe that broke is another one
-    assert capsys.readouterr().err.startswith("plelab: error: cannot access: Broken pipe")
+    err = capsys.readouterr().err
+    assert err.startswith("plelab: error: a file read or write failed: Broken pipe (the system named no file); check")
+    assert err.count("\n") == 1 and "cannot access:" not in err  # issue 54: never 'cannot access' without a name
 
 
 def test_train_validates_the_values_of_its_flags(tmp_path, capsys):

@@ -8,6 +8,7 @@ Everything here is tiny data the tests write themselves.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -20,12 +21,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from malformed import refused
 from safetensors.torch import load_file, save_file
+from safetensors_edit import relabel
 
 from plelab.cli import main
 from plelab.data.jsonl import jsonl_documents
 from plelab.data.sources import resolve_source
+from plelab.errors import PlelabError
+from plelab.io import atomic_write
+from plelab.training.sharded_checkpoint import load_sharded_weights
 
 INGEST = ["ingest", "--no-progress"]
 RESUME = ["train", "--no-progress", "--resume", "--out"]
@@ -61,6 +67,11 @@ def work(tmp_path_factory):
     (w / "folders/twice/again").symlink_to("real")
     (w / "folders/dangling/gone.txt").symlink_to("nowhere.txt")
     (w / "folders/dangling-dir/more").symlink_to("nowhere")
+    # mixtures that would read one file twice (low items: 'a.jsonl' and './a.jsonl' passed the named-twice check)
+    _jsonl(w / "mix/a.jsonl", records)
+    (w / "mix/alias.jsonl").symlink_to("a.jsonl")
+    _jsonl(w / "mix/docs/b.jsonl", records)
+    (w / "big.txt").write_text("\n\n".join(_docs(2500, seed=7)))  # ~1.1 MB: a shard of ~100k ids
     # a tiny finished run whose copies get their state.json edited (item 8)
     assert main(["train", "--preset", "cpu-tiny", "--steps", "2", "--no-progress", "--out", str(w / "run")]) == 0
     return w
@@ -118,6 +129,10 @@ def _cut(entry: Path) -> None:
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
 
 
+def _extra_tensor(tensors: dict) -> dict:
+    return {**tensors, "model.extra.weight": torch.zeros(3, 3)}
+
+
 def _state(key: str, value):
     return lambda d: d.update({key: value})
 
@@ -126,6 +141,43 @@ def _documents(out: str) -> int:
     """Train + validation documents in plelab ingest's summary line."""
     train, val = re.search(r"([\d,]+) train / ([\d,]+) validation documents", out).groups()
     return int(train.replace(",", "")) + int(val.replace(",", ""))
+
+
+SHARD = "shard-0000{}-model-00001-of-00001.safetensors"
+
+
+def _two_shards(w: Path, name: str, offsets=((0, 0), (4, 0)), infos=(None, None), relabel_first=False) -> str:
+    """A sharded checkpoint of one tensor ``w`` [8, 4] saved in two pieces of 4 rows, as DCP's safetensors storage
+    writes them (each file's ``DCP_SHARDING_INFO`` metadata holds its piece's offsets; ``infos`` replaces that
+    text), with the files' manifest in its state.json and no run config (consolidate checks the pieces alone)."""
+    ckpt = w / "sharded" / name / "checkpoints" / "step-000001"
+    folder = ckpt / "sharded" / "model"
+    folder.mkdir(parents=True)
+    for rank, (offset, info) in enumerate(zip(offsets, infos)):
+        text = info if info is not None else json.dumps({"w": {"saved_offsets": list(offset)}})
+        save_file({"w": torch.arange(16.0).view(4, 4) + 16 * rank}, str(folder / SHARD.format(rank + 1)),
+                  metadata={"DCP_SHARDING_INFO": text})
+    if relabel_first:
+        relabel(folder / SHARD.format(1), "w")
+    files = {str(p.relative_to(ckpt)): p.stat().st_size for p in sorted(ckpt.rglob("*")) if p.is_file()}
+    (ckpt / "state.json").write_text(json.dumps({"format": "plelab-checkpoint-v1", "step": 1, "storage": "sharded",
+                                                 "files": files}))
+    return str(ckpt)
+
+
+# damaged pieces of a sharded tensor: (keyword arguments of _two_shards, what the one line must say)
+PIECES = {
+    "piece-relabelled-int32": ({"relabel_first": True}, "w is stored as float32 in shard-00002-model-00001-of-00001"
+                                                        ".safetensors and as int32 in shard-00001"),
+    "pieces-hold-rows-twice": ({"offsets": ((0, 0), (0, 0))}, "the saved pieces of w do not hold it exactly once (rows "
+                                                              "0–3 are held twice)"),
+    "pieces-leave-rows-unwritten": ({"offsets": ((4, 0), (4, 0))}, "(rows 0–3 are held by no shard); its shard "
+                                                                   "offsets are damaged"),
+    "piece-metadata-not-json": ({"infos": ("{garbage", None)}, "the headers of its model shards are damaged "
+                                                               "(JSONDecodeError"),
+    "piece-metadata-lacks-its-tensor": ({"infos": (json.dumps({"v": {"saved_offsets": [0, 0]}}), None)},
+                                        "the headers of its model shards are damaged (KeyError: 'w')"),
+}
 
 
 # id -> (argv builder taking the work folder, the substring the one-line error must contain)
@@ -184,6 +236,33 @@ CASES = {
                                           "it names a shard '/etc/passwd'"),
     "ingest-cache-shard-tokens-a-string": (lambda w: _damaged_cache(w, "str", _manifest_shard(tokens="12")),
                                            "has a token count '12', not an integer >= 0"),
+    # low items: a mixture that reads one file twice, however its paths are spelled
+    "ingest-mixture-naming-a-file-as-a-jsonl-and-./a-jsonl": (
+        lambda w: [*INGEST, "--data", f"{w}/mix/a.jsonl:1", "--data", f"{w}/mix/./a.jsonl:1"],
+        "a mixture names a source twice"),
+    "ingest-mixture-of-a-file-and-a-link-to-it": (
+        lambda w: [*INGEST, "--data", f"{w}/mix/a.jsonl:1", "--data", f"{w}/mix/alias.jsonl:1"],
+        "mix/alias.jsonl are one file or folder (through a link): its documents would be read twice"),
+    "ingest-mixture-of-a-folder-and-a-file-in-it": (
+        lambda w: [*INGEST, "--data", f"{w}/mix/docs:1", "--data", f"{w}/mix/./docs/b.jsonl:1"],
+        "mix/docs/b.jsonl both hold"),
+    # low items: generate's and visual-ids' --device and --seed checked before use (torch's traceback before)
+    "generate-unknown-device": (lambda w: ["generate", f"{w}/run", "--prompt", "hi", "--device", "banana"],
+                                "invalid device 'banana': allowed auto | cpu | cuda | cuda:N | mps"),
+    "generate-seed-of-31-digits": (lambda w: ["generate", f"{w}/run", "--prompt", "hi", "--seed", "1" * 31],
+                                   f"--seed {'1' * 31} is not an integer from 0 to 9,223,372,036,854,775,807"),
+    "visual-ids-seed-of-31-digits": (lambda w: ["visual-ids", "--k", "4", "--scenes", "10", "--seed", "1" * 31],
+                                     f"--seed {'1' * 31} is not an integer from 0 to"),
+    # silent items: a tensor model.safetensors holds beyond the model's is refused by every reader, as by resume
+    **{f"{verb}-weights-with-an-extra-tensor": (
+        lambda w, verb=verb, extra=extra: [verb, _edited_run(w, f"extra-{verb}", _extra_tensor, "model.safetensors"),
+                                           *extra(w)],
+        "does not fit this model (unexpected model.extra.weight)")
+       for verb, extra in (("eval", lambda w: []), ("export", lambda w: [f"{w}/o/extra-export"]),
+                           ("diagnose", lambda w: ["--no-progress"]), ("generate", lambda w: ["--prompt", "hi"]))},
+    # low items (consolidate reported success): a sharded tensor's pieces in one dtype, each element held once
+    **{f"consolidate-{name}": (lambda w, name=name, kw=kw: ["consolidate", _two_shards(w, name, **kw)], needle)
+       for name, (kw, needle) in PIECES.items()},
 }
 
 
@@ -246,3 +325,69 @@ def test_export_onto_a_full_disk_is_one_line_and_leaves_nothing(work, capsys, li
         signal.signal(signal.SIGXFSZ, ignored)
     assert not out.exists() and not list(out.parent.glob(f".{out.name}*"))
     assert main(["export", str(work / "run"), str(out)]) == 0  # space freed: the same command writes it
+
+
+# ---- low items: a sharded tensor's pieces are checked before consolidate or a resume reads them -----------------
+
+class _One(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(8, 4))
+
+
+@pytest.mark.parametrize("name", list(PIECES))
+def test_a_resume_refuses_the_damaged_pieces_consolidate_refuses(work, name):
+    kwargs, needle = PIECES[name]
+    ckpt = Path(_two_shards(work, f"resume-{name}", **kwargs))
+    with pytest.raises(PlelabError, match=re.escape(needle)) as exc:
+        load_sharded_weights(_One(), ckpt, "delete that checkpoint folder")
+    assert "\n" not in str(exc.value) and str(exc.value).endswith("delete that checkpoint folder")
+
+
+def test_pieces_that_tile_their_tensor_consolidate_and_load_whole(work):
+    ckpt = Path(_two_shards(work, "whole"))
+    model = _One()
+    load_sharded_weights(model, ckpt, "fix")
+    assert torch.equal(model.w.detach(), torch.arange(32.0).view(8, 4))
+    assert main(["consolidate", str(ckpt)]) == 0
+    assert torch.equal(load_file(ckpt / "model.safetensors")["w"], torch.arange(32.0).view(8, 4))
+
+
+# ---- 'cannot access:' without the file's name (the known open case): a failed write names its file -------------
+
+def test_a_failed_write_names_its_file(tmp_path):
+    def full(path):
+        path.write_text("half")
+        raise OSError(errno.ENOSPC, "No space left on device")  # what write() raises on a full disk: no file name
+
+    def rust(path):
+        raise Exception("File too large (os error 27)")  # tokenizers' save on a full disk
+
+    def bug(path):
+        raise ValueError("a bug, raised as it is")
+
+    for writer, kind in ((full, OSError), (rust, OSError), (bug, ValueError)):
+        with pytest.raises(kind) as exc:
+            atomic_write(tmp_path / "out.json", writer)
+        if kind is OSError:
+            assert exc.value.filename == str(tmp_path / "out.json") and exc.value.errno in (errno.ENOSPC, 27)
+    assert not list(tmp_path.iterdir())  # nothing half-written left
+
+
+@pytest.mark.parametrize("limit, needle", [(1 << 10, "cannot access {cache}/tokenizers/"),
+                                           (128 << 10, "cannot write ingest cache entry {cache}/ingest/")],
+                         ids=["tokenizer-too-large", "shard-too-large"])
+def test_ingest_onto_a_full_disk_names_the_file(work, capsys, monkeypatch, tmp_path, limit, needle):
+    """The file-size limit fails the real writers as a full disk does: the tokenizer's (tokenizers' Rust writer) and
+    an ingest shard's (write() raising an OSError without a file name: 'cannot access: File too large' before)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PLELAB_CACHE", str(cache))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    ignored = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        err = refused([*INGEST, "--data", str(work / "big.txt")], needle.format(cache=cache), work, capsys)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, ignored)
+    assert "File too large" in err and "cannot access:" not in err

@@ -148,3 +148,42 @@ def test_from_pretrained_refuses_cut_incomplete_and_relabelled_weights_in_one_li
         with pytest.raises(PlelabError, match=needle) as exc:
             from_pretrained("AutoModelForCausalLM", folder, "a causal LM", **kwargs)
         assert "\n" not in str(exc.value), exc.value
+
+
+def test_a_config_field_of_another_type_is_one_line_from_every_transformers_load(tmp_path):
+    """Issue 54 (low items: load_attached's raw exceptions, a foreign config.json with num_hidden_layers 2.0 or a
+    list): transformers 5 checks a config's field types with huggingface_hub's StrictDataclassError, which derives
+    from Exception alone — a traceback from load_attached, diagnose's use test and an HF trunk's build before."""
+    pytest.importorskip("transformers")
+    from hf_models import tiny_host
+
+    import plelab
+    from plelab.config import resolve_config
+    from plelab.integrations.hosts import build_hf
+
+    attached = tmp_path / "attached"
+    plelab.attach(tiny_host(), dim=8).save_pretrained(attached)
+    config = json.loads((attached / "config.json").read_text())
+    host_typed = tmp_path / "host-typed"  # the older folders: the host's model_type, the PLE entry beside it
+    host_typed.mkdir()
+    (host_typed / "model.safetensors").write_bytes((attached / "model.safetensors").read_bytes())
+    for key, value, needle in (("hidden_size", 2.0, "Field 'hidden_size' expected int, got float (value: 2.0)"),
+                               ("num_hidden_layers", [2], "Field 'num_hidden_layers' expected int, got list")):
+        (attached / "config.json").write_text(json.dumps({**config, key: value}))
+        (host_typed / "config.json").write_text(json.dumps({**config, "model_type": "llama", key: value}))
+        for folder in (attached, host_typed):
+            with pytest.raises(PlelabError, match=re.escape(needle)) as exc:
+                plelab.load_attached(folder)
+            assert "\n" not in str(exc.value) and str(folder) in str(exc.value)
+    (attached / "config.json").write_text(json.dumps({**config, "plelab_ple": {**config["plelab_ple"],
+                                                                              "host_model_type": "banana"}}))
+    with pytest.raises(PlelabError, match="cannot rebuild its host config of type 'banana'") as exc:
+        plelab.load_attached(attached)
+    assert len(str(exc.value)) < 600  # not the 11,000-character list of every model type transformers knows
+    trunk = tmp_path / "trunk.json"
+    trunk.write_text(json.dumps({"model_type": "llama", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+                                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                 "attention_bias": "yes"}))
+    with pytest.raises(PlelabError, match="Field 'attention_bias' expected bool, got str") as exc:
+        build_hf(resolve_config("cpu-tiny", [f"model.hf_config={trunk}"]))
+    assert "\n" not in str(exc.value)

@@ -261,3 +261,35 @@ def test_a_device_given_as_data_is_called_a_device():
 
     with pytest.raises(PlelabError, match="data path /dev/null is a device, pipe or socket, not a file or folder"):
         resolve_source("/dev/null")
+
+
+@pytest.mark.parametrize("corpus, needle", [("empty.txt", "holds no text"),
+                                           ("notes.csv", "is not a format plelab reads")])
+def test_calibrate_refuses_an_unreadable_corpus_before_any_run_trains(tmp_path, monkeypatch, corpus, needle):
+    """Issue 54 (misleading): an empty --corpus was refused after 54 s of training the embedded corpus's regimes;
+    every regime's data is now prepared first, the user's corpora before the embedded one."""
+    import plelab.calibration.benchmark as benchmark
+    from plelab.calibration.commands import calibrate
+
+    monkeypatch.setattr(benchmark, "run_sweep", lambda *a, **k: pytest.fail("a regime trained before every corpus "
+                                                                            "was read"))
+    (tmp_path / corpus).write_text("" if corpus == "empty.txt" else "a,b\n1,2\n")
+    with pytest.raises(PlelabError, match=needle):
+        calibrate(tmp_path / "bench", quick=True, corpora={"mine": str(tmp_path / corpus)}, progress=False)
+
+
+def test_fit_names_every_run_it_skips(tmp_path):
+    """Issue 54 (silent): plelab fit printed 'RMS residual nan' from a "NaN" loss string and skipped unreadable
+    summaries without naming them; each skipped run is named with its reason."""
+    from plelab.scaling.scaling_runs import points_from_runs
+
+    config = resolve_config("cpu-tiny", ["ple.dim=0"]).to_dict()
+    for name, summary in (("good", {"config": config, "final_val_loss": 5.0, "tokens_seen": 1000}),
+                          ("nan", {"config": config, "final_val_loss": "NaN", "tokens_seen": 1000}),
+                          ("garbage", None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text("{garbage" if summary is None else json.dumps(summary))
+    points, notes = points_from_runs([tmp_path])
+    assert [p.loss for p in points] == [5.0]
+    assert any(n.startswith(f"skipped {tmp_path / 'garbage'}: its summary is not a finished plelab run") for n in notes)
+    assert any(n.startswith(f"skipped {tmp_path / 'nan'}: its final loss nan") for n in notes)

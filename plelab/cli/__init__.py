@@ -53,10 +53,16 @@ def _stdout_closed() -> bool:
 
 
 def _os_error(err: OSError) -> int:
-    """A file-system failure no check foresaw: still one line, never a traceback."""
-    where = f" {err.filename}" if err.filename else ""
-    print(f"plelab: error: cannot access{where}: {os_reason(err)}; check the path, its permissions and the free "
-          "disk space, then rerun (finished work is kept)", file=sys.stderr)
+    """A file-system failure no check foresaw: still one line, never a traceback. Writers name their file
+    (:func:`plelab.io.naming`); one the operating system left nameless still says where to look."""
+    if err.filename:
+        where = f"{err.filename} (or {err.filename2})" if err.filename2 else f"{err.filename}"
+        print(f"plelab: error: cannot access {where}: {os_reason(err)}; check the path, its permissions and the "
+              "free disk space, then rerun (finished work is kept)", file=sys.stderr)
+    else:
+        print(f"plelab: error: a file read or write failed: {os_reason(err)} (the system named no file); check the "
+              "free disk space and the permissions of the output folder and of the cache ($PLELAB_CACHE), then "
+              "rerun (finished work is kept)", file=sys.stderr)
     return 2
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 
 from tokenizers import Tokenizer
@@ -39,6 +40,7 @@ def data_sources(data: DataConfig) -> list[tuple[Source, float]]:
     accepted without effect."""
     entries = parse_mixture(data.mix) if data.mix else [(data.path, 1.0)]
     sources = [(resolve_source(p, data.text_field, data.embedded), w) for p, w in entries]
+    _refuse_shared_files([src for src, _ in sources])
     if data.text_field != "text" and not any(_has_fields(src) for src, _ in sources):
         kinds = sorted({"token shards" if src.kind == "tokens" else "the embedded corpus" if src.kind == "embedded"
                         else "text files (.txt/.md)" for src, _ in sources})
@@ -46,6 +48,23 @@ def data_sources(data: DataConfig) -> list[tuple[Source, float]]:
                           f"but the data is {' and '.join(kinds)}, which have none: drop --text-field "
                           "(a text file's documents are its blank-line-separated paragraphs, grouped)")
     return sources
+
+
+def _refuse_shared_files(sources: list[Source]) -> None:
+    """Refuse a mixture two of whose sources read one file: the same file or folder under two names (a link, or
+    ``a.jsonl`` beside ``./a.jsonl``), or a file inside a folder that is a source too — its documents would be
+    weighted twice and its validation split would overlap the other's training split."""
+    seen: dict[str, Source] = {}
+    for src in sources:
+        held = src.files or ((src.path,) if src.path is not None else ())
+        for f in held:
+            real = os.path.realpath(f)
+            other = seen.setdefault(real, src)
+            if other is not src:
+                what = ("are one file or folder (through a link)" if os.path.realpath(other.path) ==
+                        os.path.realpath(src.path) else f"both hold {real}")
+                raise PlelabError(f"mixture sources {other.path} and {src.path} {what}: its documents would be read "
+                                  "twice; give each file once")
 
 
 def _has_fields(src: Source) -> bool:

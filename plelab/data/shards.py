@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from plelab.io import naming
+
 SHARD_TOKENS = 1 << 28  # ids per shard file: 512 MiB as uint16
 CHUNK = 1 << 24  # ids per chunk when a whole stream is scanned
 
@@ -108,19 +110,22 @@ class ShardWriter:
 
     def _close_shard(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            with naming(file.name):  # close() flushes: it fails too on a full disk
+                file.close()
 
     def write_documents(self, ids: np.ndarray, starts: np.ndarray) -> None:
         """``ids``: the ids of whole documents back to back; ``starts``: each document's offset inside ``ids``."""
-        self._docs.write((np.asarray(starts, dtype=np.uint64) + np.uint64(self.tokens)).tobytes())
+        with naming(self._docs.name):  # a full disk's write names the file
+            self._docs.write((np.asarray(starts, dtype=np.uint64) + np.uint64(self.tokens)).tobytes())
         self.documents += len(starts)
         ids = np.asarray(ids, dtype=self.dtype)
         while len(ids):
             if self._file is None or self._in_shard >= self.shard_tokens:
                 self._next_shard()
             take = ids[:self.shard_tokens - self._in_shard]
-            self._file.write(take.tobytes())
+            with naming(self._file.name):
+                self._file.write(take.tobytes())
             self._in_shard += len(take)
             self.shards[-1]["tokens"] += len(take)
             self.tokens += len(take)
@@ -128,7 +133,8 @@ class ShardWriter:
 
     def close(self) -> dict:
         self._close_shard()
-        self._docs.close()
+        with naming(self._docs.name):
+            self._docs.close()
         return {"shards": self.shards, "tokens": self.tokens, "documents": self.documents}
 
 

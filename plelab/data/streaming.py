@@ -45,7 +45,7 @@ from plelab.data.tokenizer import EOS
 from plelab.data.tokens import TokenData, split_for_training
 from plelab.errors import PlelabError
 from plelab.faults import maybe_fault
-from plelab.io import cache_dir, os_reason, replace_synced, write_json
+from plelab.io import cache_dir, naming, os_reason, replace_synced, write_json
 
 INGEST_VERSION = 1  # bump when the shard layout or the split rules change
 BATCH_CHARS = 2_000_000  # characters of text per encode batch (≈ 0.5 M tokens)
@@ -291,9 +291,16 @@ def ingest_source(src: Source, tok: Tokenizer, val_fraction: float, progress: bo
             try:
                 manifest = {"version": INGEST_VERSION, "name": src.name, "source": source_identity(src),
                             **_write_all(tmp, tok, src, val_fraction, progress)}
-                (tmp / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
+                with naming(tmp / "tokenizer.json"):
+                    (tmp / "tokenizer.json").write_text(tok.to_str(), encoding="utf-8")
                 write_json(tmp / "manifest.json", manifest)
                 replace_synced(tmp, folder)  # synced: no power loss leaves a named entry with empty shards
+            except OSError as err:
+                if not str(err.filename or "").startswith(str(tmp)):
+                    raise  # not a write of the entry (reading the source, say): it names its own file
+                raise PlelabError(f"cannot write ingest cache entry {folder} ({Path(err.filename).name}: "
+                                  f"{os_reason(err)}); free space in {folder.parent} or set PLELAB_CACHE to a folder "
+                                  "with room, then rerun (nothing was left half-written)") from None
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         return _load(folder, manifest, tok)  # checked and mapped under the lock: no rebuild can swap it meanwhile

@@ -52,7 +52,7 @@ from plelab.diagnostics.live import table_diagnostics
 from plelab.diagnostics.signal import SignalProbe, gradient_norms
 from plelab.distributed import DistInfo, sum_across_ranks
 from plelab.errors import PlelabError
-from plelab.io import atomic_write, os_reason, write_json
+from plelab.io import atomic_write, naming, os_reason, write_json
 from plelab.model.loading import mmap_tensor
 from plelab.model.ple import TABLE_KEY, PLEModules
 from plelab.training.rows import RowCounter
@@ -183,7 +183,7 @@ class Monitor:
                 row = {"step": step + 1, "diag": diag}
                 self.latest = diag
                 if self.dist.is_main:
-                    with (self.out / "metrics.jsonl").open("a") as f:
+                    with naming(self.out / "metrics.jsonl"), (self.out / "metrics.jsonl").open("a") as f:
                         f.write(json.dumps(row) + "\n")
             self.probe = None
         self.completed = step + 1
@@ -198,7 +198,7 @@ class Monitor:
         row = {k: float(v) for k, v in values.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
         if row and self.dist.is_main:
-            with (self.out / "metrics.jsonl").open("a") as f:
+            with naming(self.out / "metrics.jsonl"), (self.out / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps({"step": int(step), **row}) + "\n")
 
     def scalars(self, prefix: str = "plelab/") -> dict[str, float]:
@@ -221,8 +221,9 @@ class Monitor:
                      if any(p is table for p in g["params"])), default=0.0)
         if decay > 0:
             warnings.warn(f"plelab.Monitor: the optimizer decays the PLE table (weight_decay={decay:g}); Δ = W_t − W_0 "
-                          "then reads the decay's shrink as learning — give the table weight_decay=0 (plelab.param_groups "
-                          "does), e.g. Trainer(optimizers=(plelab.adamw(plelab.param_groups(model, lr)), None))",
+                          "then reads the decay's shrink as learning — give the table weight_decay=0 "
+                          "(plelab.param_groups does), "
+                          "e.g. Trainer(optimizers=(plelab.adamw(plelab.param_groups(model, lr)), None))",
                           stacklevel=2)
         return decay
 

@@ -36,7 +36,7 @@ from torch import nn
 from plelab.config.schema import GATE_KINDS
 from plelab.diagnostics.monitor import ATTACH_CONFIG_KEY as PLE_CONFIG_KEY
 from plelab.errors import PlelabError
-from plelab.integrations.pretrained import from_pretrained
+from plelab.integrations.pretrained import from_pretrained, loader_errors, loader_reason
 from plelab.io import atomic_write
 from plelab.model.hf_weights import load_hf_weights, read_safetensors
 from plelab.model.ple import (INITS, PerLayerEmbedding, PerLayerInjection, PLEModules, keep_unregistered,
@@ -328,9 +328,9 @@ def load_host(path: Path, config: dict, saved: dict, key: str, by: str, kwargs: 
         try:
             host_config = transformers.AutoConfig.for_model(host, **{k: v for k, v in config.items()
                                                                      if k != "model_type"})
-        except (ValueError, TypeError) as err:
-            raise PlelabError(f"{config_file}: transformers cannot rebuild its host config of type {host!r} ({err})"
-                              ) from None
+        except loader_errors() as err:  # a field of the wrong type (hidden_size 2.0) is a StrictDataclassError
+            raise PlelabError(f"{config_file}: transformers cannot rebuild its host config of type {host!r} "
+                              f"({loader_reason(err)}); save the attached model again with save_pretrained") from None
         kwargs.setdefault("config", host_config)
     # the attached tensors are "unexpected" to the host class (quiet: from_pretrained's logging is off): loaded after
     return from_pretrained("AutoModelForCausalLM", path, f"the host model of a folder saved after {by}", **kwargs)

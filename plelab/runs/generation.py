@@ -17,7 +17,7 @@ from plelab.data.tokenizer import EOS, load_tokenizer
 from plelab.errors import PlelabError
 from plelab.integrations.hf import refuse_attached
 from plelab.model.generate import check_sampling, generate
-from plelab.runtime import resolve_device
+from plelab.runtime import check_seed, resolve_device
 from plelab.training.loading import checkpoint_of, load_for_eval, run_tokenizer_file
 
 
@@ -28,9 +28,7 @@ def generate_text(run: str | Path, prompt: str, max_new_tokens: int = 64, *, tem
         check_sampling(max_new_tokens, temperature, top_k)
     except ValueError as err:
         raise PlelabError(f"{err} (plelab generate: --max-new-tokens, --temperature, --top-k)") from None
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
-        raise PlelabError(f"seed {seed!r} is not an integer from 0 to 2**63 - 1 (a torch generator seed); give a "
-                          "smaller --seed")
+    check_seed(seed)
     device = resolve_device(str(device))  # an unknown name is one line here, not a traceback from torch
     refuse_attached(run, "plelab generate")
     ckpt = checkpoint_of(run)

@@ -142,9 +142,9 @@ def aux_arm(kind: str, settings: dict[str, str] | None = None) -> Arm:
     if kind not in AUX_KEYS:
         raise PlelabError(f"unknown table kind {kind!r} for --aux: choose one of {', '.join(AUX_KEYS)} (PLE is --dp)")
     settings = dict(settings or {})
-    bad = [k for k in settings if k not in AUX_KEYS[kind] and k != "init"]
+    bad = [k for k in settings if k not in (*AUX_KEYS[kind], "init", "ids")]
     if bad:
-        allowed = ", ".join((*AUX_KEYS[kind], "init"))
+        allowed = ", ".join((*AUX_KEYS[kind], "init", "ids"))
         raise PlelabError(f"--aux {kind}: {bad[0]!r} is not one of its settings ({allowed})")
     name = "-".join([kind, *(f"{k}{v}".replace(",", ".").replace(" ", "") for k, v in settings.items())])
     described = ", ".join(f"{k}={v}" for k, v in settings.items())
@@ -269,6 +269,9 @@ def sweep_command(spec: SweepSpec, root: Path, seeds: int | None = None) -> str:
     return " ".join(shlex.quote(p) for p in [*parts, "--out", str(root)])
 
 
+RESTORE = "restore it, or start the study in another folder (plelab sweep --out)"  # report, advise, plan: no --out
+
+
 def load_spec(root: Path) -> SweepSpec | None:
     path = Path(root) / SPEC_FILE
     if not path.exists():
@@ -276,8 +279,7 @@ def load_spec(root: Path) -> SweepSpec | None:
     try:
         spec = SweepSpec.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, AttributeError) as err:
-        raise PlelabError(f"{path} is not a readable plelab sweep ({err}); restore it or choose another --out"
-                          ) from None
+        raise PlelabError(f"{path} is not a readable plelab sweep ({err}); {RESTORE}") from None
     try:  # names become folders under runs/: none may lead outside the sweep
         for arm in spec.arms:
             check_name(arm.name, "arm name")
@@ -285,7 +287,7 @@ def load_spec(root: Path) -> SweepSpec | None:
             raise PlelabError(f"invalid seeds {spec.seeds!r}: a list of integers")
         check_size(spec)
     except PlelabError as err:
-        raise PlelabError(f"{path} is not a valid plelab sweep ({err}); restore it or choose another --out") from None
+        raise PlelabError(f"{path} is not a valid plelab sweep ({err}); {RESTORE}") from None
     analysis_plan.verify(spec, path)
     return spec
 

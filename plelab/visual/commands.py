@@ -12,9 +12,10 @@ from pathlib import Path
 
 from plelab.config import config_file_overrides, resolve_config
 from plelab.config.resolve import ConfigSource
-from plelab.errors import ConfigError, PlelabError
+from plelab.errors import ConfigError
 from plelab.integrations.pretrained import check_safetensors_folder
 from plelab.io import check_folder_target, ensure_dir
+from plelab.runtime import check_seed
 from plelab.sweeps.runner import run_sweep
 from plelab.sweeps.spec import merge_spec
 from plelab.visual.data import VAL_SEED_OFFSET
@@ -55,6 +56,7 @@ def visual_ids(*, k: int = 64, scenes: int = 2000, seed: int = 0, image_size: in
     into ``out``. Returns ``{"k", "patches" (held-out patches scored), "rows" (one per method)}``."""
     if k < 2 or scenes < 10:
         raise ConfigError("--k must be >= 2 and --scenes >= 10")
+    check_seed(seed, headroom=VAL_SEED_OFFSET)  # the held-out scenes' seed is seed + VAL_SEED_OFFSET
     if patch < 1 or image_size % patch or image_size < 2 * patch:
         raise ConfigError(f"--image-size {image_size} must be a multiple of --patch {patch}, at least twice it")
     if out:
