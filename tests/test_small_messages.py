@@ -233,6 +233,14 @@ def test_a_jsonl_file_that_starts_with_a_byte_order_mark_reads_as_its_text(tmp_p
     assert list(jsonl_documents(path, "text")) == ["first", "second"]
 
 
+def test_a_config_file_that_starts_with_a_byte_order_mark_reads_as_its_text(tmp_path):
+    from plelab.config import read_config_file
+
+    for name, text in (("c.toml", '[ple]\ndim = 8\n'), ("c.json", '{"ple": {"dim": 8}}')):
+        (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+        assert read_config_file(tmp_path / name)["ple"]["dim"] == 8, name
+
+
 def test_consolidate_refuses_shards_that_are_not_the_runs_model(tmp_path):
     from types import SimpleNamespace
 

@@ -63,7 +63,7 @@ def _parse(path: Path, raw: bytes, suffix: str):
     """The file's contents (JSON or TOML by ``suffix``); a format error is one :class:`ConfigError` line."""
     if suffix == ".toml":
         try:
-            data = tomllib.loads(raw.decode("utf-8"))
+            data = tomllib.loads(raw.decode("utf-8-sig"))  # a byte-order mark is read past, as for JSON
         except UnicodeDecodeError as err:
             raise ConfigError(f"config file {path} is not UTF-8 (invalid byte at offset {err.start}); save it as "
                               "UTF-8") from None
