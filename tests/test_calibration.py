@@ -241,15 +241,21 @@ def quick(tmp_path_factory):
 def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
     result = json.loads((quick / "calibration.json").read_text())
     b = result["benchmark"]
-    # 11 arms: the no-PLE baseline and the two zero arms are BENEFIT's references, not called
-    assert b["quick"] and b["runs"] == 33 and b["configurations"] == 8
+    # 11 PLE arms (the no-PLE baseline and the two zero arms are BENEFIT's references, not called) and a real and an
+    # i.i.d.-keyed table of each other kind of the family (issue 56): 17 arms, 14 called configurations
+    assert b["quick"] and b["runs"] == 51 and b["configurations"] == 14
+    assert b["kinds"] == ["value", "ngram", "modulation"]
     for regime in result["regimes"]:  # the facts each regime records (steps and seeds were once lost in a comment)
-        assert regime["steps"] > 0 and regime["seeds"] == 3 and regime["runs"] == 33 and 0 not in regime["dims"]
+        assert regime["steps"] > 0 and regime["seeds"] == 3 and regime["runs"] == 51 and 0 not in regime["dims"]
     # LEARNED's weak positives (slow, small: 2 configurations) are reported apart, never scored
     assert b["calls"]["USED"] == b["calls"]["BENEFIT"] == 8 * 3 * 8 and b["calls"]["LEARNED"] == 6 * 3 * 8
     assert b["calls_apart"] == {"LEARNED": 2 * 3 * 8, "USED": 0, "BENEFIT": 0}
+    # the other kinds' calls never fit a threshold nor enter PLE's rates: 6 configurations × 8 decision points × 3
+    # seeds (LEARNED: 3 cyclic seed pairs)
+    assert b["calls_other_kinds"] == {"LEARNED": 6 * 3 * 8, "USED": 6 * 3 * 8, "BENEFIT": 6 * 3 * 8}
     calls = [json.loads(line) for line in (quick / "calls.jsonl").read_text().splitlines()]
-    assert len(calls) == sum(b["calls"].values()) + sum(b["calls_apart"].values())
+    assert len(calls) == sum(b["calls"].values()) + sum(b["calls_apart"].values()) + sum(
+        b["calls_other_kinds"].values())
     assert {c["cls"] for c in calls} == {"real", "scalar", "slow", "small", "iid", "frozen", "gate0"}
     for c in calls:
         # frozen tables and closed gates never move: their agreement comes out 0 through diagnose's functions
@@ -262,11 +268,21 @@ def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
         elif c["call"] == "USED":  # a different intervention, on the other seeds' finals and other windows
             assert "bin-mean ablation" in c["truth_reason"] and "over 2 seeds × 64 disjoint windows" in \
                 c["truth_reason"]
-        elif c["call"] == "BENEFIT":  # against the no-PLE baseline and the zero table, never the arm itself
-            assert "vs no PLE" in c["truth_reason"] and "vs zero table" in c["truth_reason"]
+        elif c["call"] == "BENEFIT":  # against the no-PLE baseline and (PLE) the zero table, never the arm itself
+            assert "vs no PLE" in c["truth_reason"]
+            assert ("vs zero table" in c["truth_reason"]) == (c["mechanism"] == "ple")
     final_used = {c["config"]: c["truth"] for c in calls if c["call"] == "USED" and c["fraction"] == 1.0}
     assert final_used["real-dp16"] is True and final_used["iid-dp16"] is False
+    assert all(final_used[f"{k}-iid"] is False for k in b["kinds"])  # not USED by construction, any kind
+    # held out by mechanism: PLE's thresholds scored on each other kind, at every decision point
+    for kind in ("LEARNED", "USED", "BENEFIT"):
+        assert sorted(result["by_mechanism"][kind]) == ["modulation", "ngram", "value"]
+        for points in result["by_mechanism"][kind].values():
+            assert [p["fraction"] for p in points] == [k / 8 for k in range(1, 9)]
+            # the real and the i.i.d.-keyed table (a truth the finished runs leave open is counted apart)
+            assert all(p["configurations"] + p["truth_undecided"] == 2 for p in points)
     report = (quick / "report.md").read_text()
+    assert "USED: held out by mechanism — ngram (thresholds fitted on PLE only)" in report
     points = result["curves"]["LEARNED"]["configuration"]
     assert [p["fraction"] for p in points] == [k / 8 for k in range(1, 9)]
     assert points[0]["tokens"] == 16 * 8 * 64 and points[-1]["tokens_per_row"] == pytest.approx(128 * 8 * 64 / 512)

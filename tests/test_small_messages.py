@@ -100,8 +100,9 @@ def test_an_unknown_device_and_a_nan_temperature_are_one_line(tmp_path, capsys):
 
     with pytest.raises(ValueError, match="finite number >= 0"):
         check_sampling(4, float("nan"), None)
-    assert main(["eval", str(tmp_path), "--device", "banana"]) == 2
-    assert "Traceback" not in capsys.readouterr().err
+    assert main(["eval", str(tmp_path), "--device", "banana"]) == 2  # refused before the folder is read
+    err = capsys.readouterr().err
+    assert "invalid device 'banana'" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("name, text, needle", [

@@ -20,6 +20,11 @@ class       overrides (at dP = d)                                  LEARNED by co
 ``near0``   real ids, the seed's scalar gate started at 0.01       yes (weak; the validation's only)
 ==========  =====================================================  ==========================
 
+Other mechanisms of the table family (``kinds``: value embeddings, the hashed n-gram table, token modulation) add
+two arms each at dP 0, ``KIND-real`` (class ``real``) and ``KIND-iid`` (``aux.ids=iid``, class ``iid``), with the
+no-PLE baseline as their BENEFIT reference. Their calls are never fitted: the thresholds are PLE's, and the report
+measures them held out by mechanism (fitted on PLE only, scored on each other kind).
+
 USED and BENEFIT are known by construction for some classes and read from the finished runs for the others
 (:mod:`.truth`: what each call claims and what scores it). Every
 run checkpoints at ``DECISIONS`` evenly spaced points; each checkpoint is a decision point of the time curve.
@@ -79,6 +84,7 @@ class Benchmark:
     steps: int = 320
     batch_size: int = 8
     seq_len: int = 64
+    kinds: list[str] = field(default_factory=list)  # other mechanisms of the table family (MECHANISMS)
 
     def validate(self) -> None:
         unknown = [s for s in self.scales if s not in SCALES]
@@ -94,6 +100,9 @@ class Benchmark:
                               f"point), got {self.steps}")
         for name in self.corpora:
             check_name(name, "corpus name")
+        unknown = [k for k in self.kinds if k not in MECHANISMS]
+        if unknown or len(set(self.kinds)) != len(self.kinds):
+            raise ConfigError(f"calibration kinds {self.kinds}: distinct names from {', '.join(MECHANISMS)}")
 
     def regimes(self) -> list[tuple[str, str, str]]:
         """``(folder name, scale, corpus)`` of every regime."""
@@ -103,11 +112,17 @@ class Benchmark:
         return dataclasses.asdict(self)
 
 
-QUICK = Benchmark(scales=["h32"], dims=[4, 16], seeds=3, steps=128)
+MECHANISMS = ("value", "ngram", "modulation")  # the table family besides PLE (aux.kind)
+QUICK = Benchmark(scales=["h32"], dims=[4, 16], seeds=3, steps=128, kinds=list(MECHANISMS))
 
 
-def arms(dims: list[int]) -> list[Arm]:
-    """The configurations of one regime (family = class, x = dP)."""
+def mechanism_of(arm: Arm) -> str:
+    """The table kind an arm trains (``ple`` unless it sets ``aux.kind``)."""
+    return next((o.partition("=")[2] for o in arm.overrides if o.startswith("aux.kind=")), "ple")
+
+
+def arms(dims: list[int], kinds: list[str] = ()) -> list[Arm]:
+    """The configurations of one regime (family = class, x = dP; the other kinds' arms at dP 0)."""
     dims = sorted(dims)
     out = [Arm("none-dp0", ["ple.dim=0"], "none", 0, description="no PLE (dP 0)")]
     for d in dims:
@@ -116,6 +131,10 @@ def arms(dims: list[int]) -> list[Arm]:
         for c in classes:
             out.append(Arm(f"{c}-dp{d}", [f"ple.dim={d}", *CLASS_OVERRIDES[c]], c, d,
                            reference=f"zero-dp{d}" if c != "zero" else None, description=f"{c} at dP={d}"))
+    for kind in kinds:
+        for c in ("real", "iid"):
+            out.append(Arm(f"{kind}-{c}", ["ple.dim=0", f"aux.kind={kind}", *(["aux.ids=iid"] if c == "iid" else [])],
+                           c, 0, reference="none-dp0", description=f"a {kind} table keyed by {c} ids"))
     return out
 
 
@@ -131,8 +150,9 @@ def regime_overrides(steps: int, batch_size: int, seq_len: int) -> list[str]:
 def regime_spec(bench: Benchmark, scale: str, corpus: str) -> SweepSpec:
     overrides = [*SCALES[scale], *bench.corpora[corpus], *regime_overrides(bench.steps, bench.batch_size,
                                                                              bench.seq_len)]
-    return SweepSpec(preset=PRESET, overrides=overrides, arms=arms(bench.dims), seeds=list(range(bench.seeds)),
-                     steps=bench.steps, kind="calibrate", baseline=f"zero-dp{max(bench.dims)}")
+    return SweepSpec(preset=PRESET, overrides=overrides, arms=arms(bench.dims, bench.kinds),
+                     seeds=list(range(bench.seeds)), steps=bench.steps, kind="calibrate",
+                     baseline=f"zero-dp{max(bench.dims)}")
 
 
 def extends(old: SweepSpec, new: SweepSpec) -> bool:

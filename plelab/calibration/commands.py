@@ -25,6 +25,7 @@ from plelab.calibration.evaluate import (
     fractions,
     held_out,
     majority,
+    mechanism_rates,
     rule_comparison,
     shipped_thresholds,
     time_curve,
@@ -62,7 +63,7 @@ def _regime_facts(folder: Path) -> dict:
     per_step, rows = cfg.train.batch_size * cfg.train.seq_len, cfg.ple.resolved_vocab_size(cfg.model)
     return {"name": folder.name, "scale": scale, "corpus": corpus, "hidden_size": cfg.model.hidden_size,
             "layers": cfg.model.num_hidden_layers, "rows": rows,
-            "dims": sorted({int(a.x) for a in spec.arms if a.family != "none"}),  # dP 0: a reference, never called
+            "dims": sorted({int(a.x) for a in spec.arms if a.x > 0}),  # dP 0: a reference or another kind
             "steps": spec.steps, "seeds": len(spec.seeds),
             "tokens_per_step": per_step, "runs": len(spec.arms) * len(spec.seeds),
             "tokens_per_row": [spec.steps // DECISIONS * per_step / rows, spec.steps * per_step / rows]}
@@ -159,11 +160,12 @@ def shipped_is_source() -> bool:
 
 def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: dict[str, str] | None = None,
               planted: bool = False, scales: list[str] | None = None, seeds: int | None = None,
-              steps: int | None = None, dims: list[int] | None = None, write_thresholds: bool = False,
-              progress: bool = True) -> dict:
+              steps: int | None = None, dims: list[int] | None = None, kinds: list[str] | None = None,
+              write_thresholds: bool = False, progress: bool = True) -> dict:
     """Run (or resume) the benchmark in ``out`` and measure the verdict on it; return ``calibration.json``'s
     content. ``corpora``: extra corpora, name -> text file or folder (the embedded corpus is always one);
-    ``planted``: also the planted corpus (:mod:`plelab.calibration.planted`, written to ``out/corpora``)."""
+    ``planted``: also the planted corpus (:mod:`plelab.calibration.planted`, written to ``out/corpora``); ``kinds``:
+    the table family's other mechanisms to measure held out by mechanism (the quick benchmark has all three)."""
     if quick and write_thresholds:
         raise ConfigError("--quick is a pipeline check on a tiny benchmark: it never rewrites the shipped "
                           "thresholds; drop --write-thresholds (or --quick)")
@@ -182,6 +184,8 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
         bench.steps = steps
     if dims:
         bench.dims = list(dims)
+    if kinds is not None:
+        bench.kinds = list(kinds)
     for name, path in (corpora or {}).items():
         if name in ("embedded", "planted"):
             raise ConfigError(f"corpus name {name!r} is a built-in corpus; give yours another name")
@@ -198,7 +202,8 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
     folders = run_benchmark(root, bench, jobs=jobs, progress=progress)
     train_s = time.perf_counter() - start
     calls = benchmark_calls(folders, progress=progress)
-    scored = [c for c in calls if not c.apart]
+    scored = [c for c in calls if not c.apart and c.mechanism == "ple"]  # only PLE's calls fit and rate the verdict
+    others = [c for c in calls if not c.apart and c.mechanism != "ple"]
     atomic_write(root / "calls.jsonl", lambda p: p.write_text("".join(json.dumps(c.to_dict()) + "\n"
                                                                       for c in calls)))
     regimes = [_regime_facts(f) for f in folders]
@@ -207,14 +212,17 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
                             "runs": sum(r["runs"] for r in regimes),
                             "configurations": len({(c.regime, c.config) for c in calls}),
                             "calls": {k: sum(c.call == k for c in scored) for k in KINDS},
+                            "calls_other_kinds": {k: sum(c.call == k for c in others) for k in KINDS},
                             "calls_apart": {k: sum(c.call == k for c in calls if c.apart) for k in KINDS},
                             "seconds": round(time.perf_counter() - start, 1), "train_seconds": round(train_s, 1),
                             "run_seconds": round(sum(_run_seconds(f) for f in folders), 1),
                             "versions": versions(), "git_commit": git_commit(),
                             "command": calibrate_command(quick, corpora, planted, scales, seeds, steps, dims, jobs,
-                                                         out)},
+                                                         out, kinds)},
               "regimes": regimes, "truths": TRUTHS, **analyse(scored, regimes)}
     result["apart"] = apart_summary([c for c in calls if c.apart], result["thresholds"])
+    result["by_mechanism"] = {k: mechanism_rates([c for c in scored + others if c.call == k]) for k in KINDS
+                              } if others else {}
     write_json(root / "calibration.json", result)
     atomic_write(root / "report.md", lambda p: p.write_text(calibration_text(result, markdown=True)))
     if write_thresholds:
@@ -223,7 +231,7 @@ def calibrate(out: str | Path, *, quick: bool = False, jobs: int = 1, corpora: d
     return result
 
 
-def calibrate_command(quick, corpora, planted, scales, seeds, steps, dims, jobs, out) -> str:
+def calibrate_command(quick, corpora, planted, scales, seeds, steps, dims, jobs, out, kinds=None) -> str:
     parts = ["plelab", "calibrate", "--out", str(out)] + (["--quick"] if quick else [])
     parts += [x for n, p in (corpora or {}).items() for x in ("--corpus", f"{n}={p}")]
     parts += ["--planted"] if planted else []
@@ -231,6 +239,7 @@ def calibrate_command(quick, corpora, planted, scales, seeds, steps, dims, jobs,
     parts += ["--seeds", str(seeds)] if seeds is not None else []
     parts += ["--steps", str(steps)] if steps is not None else []
     parts += ["--dims", ",".join(map(str, dims))] if dims else []
+    parts += ["--kinds", ",".join(kinds) if kinds else "none"] if kinds is not None else []
     return " ".join(parts + (["--jobs", str(jobs)] if jobs > 1 else []))
 
 

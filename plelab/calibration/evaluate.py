@@ -360,3 +360,26 @@ def apart_summary(apart: list[Call], thresholds: dict[str, list[dict]]) -> list[
                     "configurations": len({config_key(c) for c in mine}), "points": points})
     return out
 
+
+
+def mechanism_rates(calls: list[Call], rule: str = "quantile") -> dict[str, list[dict]]:
+    """Held out by mechanism: at each decision point, ``calls`` of one kind of verdict decided with thresholds fitted
+    on PLE's configurations only (by ``rule``), scored on each other table kind's configurations, counted by
+    configuration — whether the thresholds transfer to a kind they never saw. ``{kind: [{fraction, rates}]}``."""
+    out: dict[str, list[dict]] = {}
+    for f in fractions(calls):
+        at = [c for c in calls if c.fraction == f]
+        train = [c for c in at if c.mechanism == "ple" and c.truth is not None]
+        th = RULES[rule]([c.score for c in train], [c.truth for c in train], NULL_FLOOR,
+                         [config_key(c) for c in train])
+        for mech in sorted({c.mechanism for c in at} - {"ple"}):
+            mine: dict[tuple, list] = {}
+            for c in at:
+                if c.mechanism == mech:
+                    mine.setdefault(config_key(c), []).append((c, decide(c.score, th)))
+            units = [unit_of(k, preds[0][0].cls, preds, lambda c: c.score) for k, preds in sorted(mine.items())]
+            theirs = [c for c in at if c.mechanism == mech]
+            out.setdefault(mech, []).append({"fraction": f, "tokens": int(np.median([c.tokens for c in theirs])),
+                                             "tokens_per_row": float(np.median([c.tokens_per_row for c in theirs])),
+                                             **rates(units).to_dict()})
+    return out

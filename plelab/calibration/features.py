@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 import torch
 
-from plelab.calibration.benchmark import DECISIONS, LEARNED_BY_CLASS
+from plelab.calibration.benchmark import DECISIONS, LEARNED_BY_CLASS, mechanism_of
 from plelab.calibration.truth import NO_BENEFIT, NOT_USED, REFERENCES, WEAK, benefit_truth, used_truth
 from plelab.data.tokens import disjoint_val_windows
 from plelab.diagnostics.agreement import cka_against_null
@@ -42,6 +42,7 @@ from plelab.diagnostics.usage import ablation_losses
 from plelab.diagnostics.verdict import structure_z, use_z
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
+from plelab.model.tables import model_table, table_view
 from plelab.runs import prepare_data
 from plelab.training.checkpoint import load_model_weights
 from plelab.training.rows import null_ids
@@ -74,6 +75,7 @@ class Call:
     baselines: dict[str, float] = field(default_factory=dict)
     strata: dict[str, float] = field(default_factory=dict)  # LEARNED: the z of each frequency stratum's rows
     apart: str = ""  # why the call is reported apart, never fitted or scored ("": scored)
+    mechanism: str = "ple"  # the table kind (aux.kind): only PLE's calls fit thresholds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -97,7 +99,7 @@ def _read_run(job: RunJob, steps: list[int]) -> _Run:
         raise PlelabError(f"{job.path}: no evaluation at step {missing[0]} in metrics.jsonl; delete that run folder "
                           "and rerun plelab calibrate to redo it")
     use = {}
-    if job.cfg.ple.table == "zero" or job.cfg.ple.dim == 0:
+    if job.cfg.ple.table == "zero" or (job.cfg.ple.dim == 0 and not job.cfg.aux.extra):
         return _Run(job, use, val, history, float(np.mean([v for _, v in history[-LAST_K:]])))
     for step in steps:
         path = checkpoint_path(job.path, step) / "diagnostics.json"
@@ -131,10 +133,11 @@ def _ablation(job: RunJob, step: int, data, windows: torch.Tensor) -> np.ndarray
     its frequency bin's mean (:func:`ablation_losses`), on ``windows`` (disjoint from the use test's)."""
     ckpt = checkpoint_path(job.path, step)
     table = RunTable(find_table(ckpt), data)
-    model = build_model(table.cfg.model, table.cfg.ple, seed=table.cfg.seed)
+    model = build_model(table.cfg.model, table.cfg.ple, seed=table.cfg.seed, ac=table.cfg.aux)
     load_model_weights(model, ckpt)
     iid = null_ids(table.cfg, data)
-    return ablation_losses(model, windows, table.counts, batch=16, device=torch.device("cpu"), iid=iid).numpy()
+    return ablation_losses(model, windows, table.counts, batch=16, device=torch.device("cpu"), iid=iid,
+                           table=model_table(model)).numpy()
 
 
 def _structure(runs: list[_Run], step: int, data) -> list[tuple[int, int, float, dict[str, float]]]:
@@ -183,7 +186,6 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
     cfg = jobs[0].cfg
     windows = disjoint_val_windows(data.val, cfg.train.seq_len, cfg.train.diag_windows,
                                    avoid=cfg.train.eval_batches * cfg.train.batch_size)
-    vp = cfg.ple.resolved_vocab_size(cfg.model)
     per_step = cfg.train.batch_size * cfg.train.seq_len
     calls: list[Call] = []
     bar = tqdm(total=len(by_arm) * len(steps), desc=f"calls {folder.name}", disable=not progress, leave=False)
@@ -192,14 +194,17 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
         if arm.family in ("zero", "none"):
             bar.update(len(steps))
             continue
-        d = int(arm.x)
-        refs = {r: {x.job.seed: x for x in by_arm[name.format(d=d)]} for r, name in REFERENCES.items()}
+        d, mechanism = int(arm.x), mechanism_of(arm)
+        # BENEFIT's references: the no-PLE trunk and, for PLE, the zero table at the same dP
+        refs = {r: {x.job.seed: x for x in by_arm[name.format(d=d)]} for r, name in REFERENCES.items()
+                if mechanism == "ple" or "{d}" not in name}
+        rows = table_view(runs[0].job.cfg.model, runs[0].job.cfg.ple, runs[0].job.cfg.aux).rows
 
         def call(kind: str, seeds: list[int], step: int, score: float, truth, reason: str, base=None,
                  strata=None, apart: str = "") -> Call:
             return Call(kind, folder.name, scale, corpus, arm_name, arm.family, d, seeds, step, step / spec.steps,
-                        step * per_step, step * per_step / vp, float(score), truth, reason, base or {},
-                        strata or {}, apart)
+                        step * per_step, step * per_step / rows, float(score), truth, reason, base or {},
+                        strata or {}, apart, mechanism)
 
         finals = {r.job.seed: r for r in runs}
         ablation = ({} if arm.family in NOT_USED else

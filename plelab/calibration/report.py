@@ -121,6 +121,16 @@ def _truths(result: dict, markdown: bool) -> list[str]:
     return [*out, ""]
 
 
+def _mechanisms(result: dict, markdown: bool) -> list[str]:
+    """Held out by mechanism: PLE's thresholds on each other kind of table, by decision point."""
+    out = []
+    for kind, by in (result.get("by_mechanism") or {}).items():
+        for mech, points in by.items():
+            out += [("## " if markdown else "") + f"{kind}: held out by mechanism — {mech} (thresholds fitted on PLE "
+                    "only)", "", *_table(points, markdown), ""]
+    return out
+
+
 def calibration_text(result: dict, markdown: bool = False) -> str:
     b = result["benchmark"]
     lines = [("# " if markdown else "") + ("Calibration (quick pipeline check)" if b["quick"] else "Calibration"),
@@ -150,7 +160,8 @@ def calibration_text(result: dict, markdown: bool = False) -> str:
         if "configuration" in schemes:
             lines += [("## " if markdown else "") + f"Baseline for BENEFIT: {name} (held out by configuration)", "",
                       *_table(schemes["configuration"], markdown), ""]
-    lines += [*_rules(result, markdown), *_strata(result, markdown), *_planted(result)]
+    lines += [*_mechanisms(result, markdown), *_rules(result, markdown), *_strata(result, markdown),
+              *_planted(result)]
     lines += _beats(result)
     iid = []
     for kind, schemes in result["curves"].items():

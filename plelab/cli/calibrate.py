@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from plelab.calibration.benchmark import SCALES, Benchmark
+from plelab.calibration.benchmark import MECHANISMS, SCALES, Benchmark
 from plelab.calibration.commands import calibrate
 from plelab.calibration.report import calibration_text
 from plelab.calibration.validation import RUNGS, ValidationDesign, preregister_validation, run_validation
@@ -26,14 +26,22 @@ def corpus(text: str) -> tuple[str, str]:
     return name, path
 
 
+def kind_list(text: str) -> list[str]:
+    """``--kinds value,ngram`` (``none``: no other kind)."""
+    kinds = [] if text.strip() == "none" else [k.strip() for k in text.split(",") if k.strip()]
+    if not text.strip() or any(k not in MECHANISMS for k in kinds):
+        raise ConfigError(f"invalid --kinds {text!r}: comma-separated from {', '.join(MECHANISMS)}, or none")
+    return kinds
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     corpora = dict(args.corpus or [])
     if len(corpora) != len(args.corpus or []):
         raise ConfigError("--corpus names a corpus twice; give each corpus one NAME")
     result = calibrate(args.out, quick=args.quick, jobs=args.jobs, corpora=corpora, planted=args.planted,
                        scales=args.scales,
-                       seeds=args.seeds, steps=args.steps, dims=args.dims, write_thresholds=args.write_thresholds,
-                       progress=not args.no_progress)
+                       seeds=args.seeds, steps=args.steps, dims=args.dims, kinds=args.kinds,
+                       write_thresholds=args.write_thresholds, progress=not args.no_progress)
     print(json.dumps(json_safe(result), indent=1) if args.json else calibration_text(result))
     print(f"wrote {args.out}/calibration.json, calls.jsonl and report.md")
     return 0
@@ -57,6 +65,10 @@ def add_parsers(sub) -> None:
                         f"(default {','.join(map(str, Benchmark().dims))}); a benchmark folder may be extended by "
                         "more, keeping its finished runs")
     p.add_argument("--steps", type=int, help="steps per run, a multiple of 8 (default 320; 128 with --quick)")
+    p.add_argument("--kinds", type=kind_list, metavar="KINDS",
+                   help=f"the table family's other mechanisms to measure held out by mechanism, comma-separated from "
+                        f"{', '.join(MECHANISMS)}, or none (default none; all three with --quick): a real and an "
+                        "i.i.d.-keyed table of each at dP 0, scored with PLE's thresholds, never fitting them")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--write-thresholds", action="store_true",
                    help="refit the thresholds the verdict ships with (plelab/diagnostics/calibration.json)")

@@ -124,6 +124,13 @@ def _follow_batch(cache) -> None:
     cache._plelab_follows = True
 
 
+def _cache_of(kwargs: dict):
+    """The KV cache a base model's forward was given: ``past_key_values``, or ``cache`` (its name from transformers
+    5.2x on, where ``past_key_values`` is deprecated)."""
+    cache = kwargs.get("past_key_values")
+    return kwargs.get("cache") if cache is None else cache
+
+
 class TableAttachment:
     """The forward hooks that run an attached table; kept on the base model as ``plelab_table_attachment``
     (unregistered). ``remove()`` takes the hooks off (the table stays registered)."""
@@ -160,7 +167,7 @@ class TableAttachment:
                               "input_ids rather than inputs_embeds (generate: input_ids, not inputs_embeds)")
         frame["ids"] = ids
         if self.kind == "ngram":
-            frame["term"], frame["tail"] = self._ngram_term(ids, kwargs.get("past_key_values"))
+            frame["term"], frame["tail"] = self._ngram_term(ids, _cache_of(kwargs))
         elif self.kind == "modulation":
             frame["term"] = self.module(ids)
         else:
@@ -172,7 +179,8 @@ class TableAttachment:
         if frame is None or frame["tail"] is None or out is None:  # out is None when the forward raised
             return
         cache = getattr(out, "past_key_values", None)  # the one passed in, or the one the base model made
-        cache = kwargs.get("past_key_values") if cache is None else cache
+        cache = getattr(out, "cache", None) if cache is None else cache
+        cache = _cache_of(kwargs) if cache is None else cache
         if cache is not None:
             _follow_batch(cache)
             cache.ngram_tokens, cache.ngram_length = frame["tail"], cache.get_seq_length()
