@@ -221,3 +221,19 @@ def test_a_real_and_an_iid_keyed_table_get_the_right_use_verdicts(kind, tmp_path
     assert main(["export", str(tmp_path / "iid"), str(tmp_path / "hf")]) == 2 and not (tmp_path / "hf").exists()
     with pytest.raises(ConfigError, match="PLE's null control is ple.ids=iid"):
         resolve_config("cpu-tiny", ["aux.ids=iid"], dp=8)
+
+
+def test_an_ngram_arm_matched_to_a_ple_arms_parameters():
+    from plelab.sweeps.commands import dp_spec
+    from plelab.sweeps.configs import run_config
+    spec = dp_spec(preset="cpu-tiny", dp=[0, 16], aux=["ngram:match=16", "ngram:match=16:heads=2"], steps=8)
+    added = {}
+    for arm in spec.arms:
+        cfg = run_config(spec, arm, 0, "fp32")
+        added[arm.name] = account(cfg.model, cfg.ple, cfg.train.seq_len, cfg.aux).added
+    matched = [name for name in added if name.startswith("ngram-rows")]
+    assert len(matched) == 2 and all(0 <= added[n] - added["dp16"] <= 0.02 * added["dp16"] for n in matched), added
+    for bad, why in (("value:match=16", "only the n-gram table"), ("ngram:match=0", "dP >= 1"),
+                     ("ngram:match=16:rows=1031", "give one of them")):
+        with pytest.raises(ConfigError, match=why):
+            dp_spec(preset="cpu-tiny", dp=[0, 16], aux=[bad], steps=8)

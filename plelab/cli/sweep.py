@@ -192,8 +192,9 @@ def study_args(p) -> None:
                    help="an extra arm family crossed with every dP > 0, e.g. scalar:ple.gate=scalar")
     p.add_argument("--aux", action="append", default=[], metavar="KIND[:KEY=VALUE...]",
                    help="an arm of another kind of the table family, compared with the baseline: value, ngram or "
-                        "modulation with its aux.* sizes, e.g. --aux ngram:rows=2003:heads=2 (repeatable: one arm "
-                        "each; plelab params --aux counts them)")
+                        "modulation with its aux.* sizes, e.g. --aux ngram:rows=2003:heads=2, or ngram:match=16 for "
+                        "the rows that add what PLE at dP 16 adds (repeatable: one arm each; plelab params --aux "
+                        "counts them)")
     p.add_argument("--steps", type=int, help="optimizer steps per run (equal token budget for every arm)")
     p.add_argument("--data", help="your text instead of the embedded corpus (as for plelab train)")
     p.add_argument("--text-field", help="with --data: the JSONL field / Parquet column holding the text (default "

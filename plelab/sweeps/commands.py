@@ -7,14 +7,17 @@ the command line. The report is :func:`plelab.reports.sweep.write_report`; advic
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from plelab.config import config_file_overrides, resolve_config
+from plelab.config import RunConfig, apply_overrides, config_file_overrides, resolve_config
 from plelab.config.resolve import ConfigSource
 from plelab.errors import ConfigError, PlelabError
-from plelab.model.accounting import matched_trunk
+from plelab.model.accounting import account, matched_trunk
+from plelab.model.ngram import ngram_rows, resolve_sizes
 from plelab.sweeps.lr_search import (DEFAULT_MULTS, DEFAULT_SEEDS, chosen_lrs, choose, lr_spec, read_choice, with_lrs,
                                      write_choice)
 from plelab.sweeps.preregister import preregister
@@ -45,10 +48,12 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
     top; ``dp``: the main curve including the baseline 0 (default 0 and the preset's dP); ``seeds`` 0..N-1 or
     ``seed_list``; ``controls`` (names, or ``"all"``) at ``control_dp``; ``variants``: name -> overrides (a
     dict or pairs), an arm family crossed with every dP > 0; ``aux``: arms of the table family's other kinds, each
-    ``KIND[:KEY=VALUE...]`` (``"value"``, ``"ngram:rows=2003:heads=2"``; :func:`~plelab.sweeps.spec.aux_arm`). ``delta`` (the margin δ, nats) and ``last_k`` (a run's
-    loss = the mean of its last k evaluations) go into the analysis plan; left out, they are ``existing``'s, or
-    plelab's defaults for a new sweep (δ: :data:`~plelab.sweeps.spec.DP_DELTA`, from the question). ``lrs`` (group -> learning rate: ``baseline``, ``dP`` and each control family)
-    or ``lr_from`` (a finished ``plelab lr-search`` folder) set each arm's ``train.lr`` (:mod:`plelab.sweeps.lr_search`).
+    ``KIND[:KEY=VALUE...]`` (``"value"``, ``"ngram:rows=2003:heads=2"``; :func:`~plelab.sweeps.spec.aux_arm`;
+    ``ngram:match=D`` sizes the n-gram table to PLE at dP D's added parameters: :func:`matched_aux`). ``delta`` (the
+    margin δ, nats) and ``last_k`` (a run's loss = the mean of its last k evaluations) go into the analysis plan;
+    left out, they are ``existing``'s, or plelab's defaults for a new sweep (δ: :data:`~plelab.sweeps.spec.DP_DELTA`,
+    from the question). ``lrs`` (group -> learning rate: ``baseline``, ``dP`` and each control family) or
+    ``lr_from`` (a finished ``plelab lr-search`` folder) set each arm's ``train.lr`` (:mod:`plelab.sweeps.lr_search`).
     ``existing``: the spec already in the folder — its control placement is kept when ``control_dp`` is not given."""
     if lrs is not None and lr_from is not None:
         raise ConfigError("give lrs or --lr-from, not both")
@@ -92,7 +97,8 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
         widths = {m: matched_trunk(base.model, with_ple, base.train.seq_len, m).intermediate_size
                   for m in ("params", "flops")}
     arms = dp_arms(dims, controls, control_dp, {k: list(v) for k, v in dict(variants or {}).items()},
-                   matched_ref=matched_ref, trunk_widths=widths, aux=[parse_aux(text) for text in aux])
+                   matched_ref=matched_ref, trunk_widths=widths,
+                   aux=[parse_aux(matched_aux(text, base)) for text in aux])
     if delta <= 0:
         raise ConfigError(f"--delta must be > 0 (the smallest effect of interest in nats), got {delta}")
     if lr_from is not None:
@@ -120,6 +126,36 @@ def parse_aux(text: str) -> Arm:
             raise ConfigError(f"invalid --aux {text!r}: write KIND[:KEY=VALUE...], e.g. ngram:rows=2003:heads=2")
         settings[key.strip()] = value.strip()
     return aux_arm(kind.strip(), settings)
+
+
+def matched_aux(text: str, base: RunConfig) -> str:
+    """``--aux ngram:match=D[:KEY=VALUE...]`` as ``ngram:rows=R[:...]``: the row count whose table adds as many
+    parameters as PLE at dP ``D`` adds to the sweep's base trunk (the smallest admissible prime at or above it:
+    :func:`~plelab.model.ngram.ngram_rows`), so the two are compared at matched parameters. Other texts unchanged."""
+    kind, *parts = str(text).strip().split(":")
+    match = [p for p in parts if p.partition("=")[0].strip() == "match"]
+    if not match:
+        return text
+    if kind.strip() != "ngram":
+        raise ConfigError(f"--aux {text!r}: match= sizes a table by its row count, which only the n-gram table has; "
+                          "size a value table by aux.layers, and a modulation table is V·L·H (plelab params --aux)")
+    rest = [p for p in parts if p not in match]
+    try:
+        dp = int(match[0].partition("=")[2])
+    except ValueError:
+        dp = 0
+    if dp < 1 or any(p.partition("=")[0].strip() == "rows" for p in rest):
+        raise ConfigError(f"--aux {text!r}: match=D takes a dP >= 1 (PLE at dP D's added parameters) and replaces "
+                          "rows=; give one of them")
+    mc = base.model
+    target = account(mc, dataclasses.replace(base.ple, dim=dp), base.train.seq_len).added
+    probe = copy.deepcopy(base)
+    apply_overrides(probe, ["ple.dim=0", "aux.kind=ngram", *(f"aux.{p.strip()}" for p in rest)])
+    orders, _, dim = resolve_sizes(mc.vocab_size, mc.hidden_size, probe.aux.orders, probe.aux.heads, 2,
+                                   probe.aux.dim)
+    other = mc.hidden_size * len(orders) * probe.aux.heads * dim + mc.num_hidden_layers  # projection, λ_l
+    rows = ngram_rows(mc.vocab_size, max(2, math.ceil((target - other) / dim)) / mc.vocab_size)
+    return ":".join(["ngram", f"rows={rows}", *rest])
 
 
 def options_of(args: object) -> dict:
