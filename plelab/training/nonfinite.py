@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from plelab.errors import PlelabError
 from plelab.training.checkpoint import list_checkpoints
 
 
@@ -98,3 +99,29 @@ def stop_message(what: str, step: int, detail: str, run_dir: Path | None) -> str
     return (f"{what} at step {step + 1}; {detail}. The run stopped before updating; {kept}. Lower train.lr or "
             "raise train.warmup_steps, check the data, or let up to N such steps be skipped with "
             "--set train.skip_nonfinite=N")
+
+
+def skip_or_stop(trainer, step: int, batches: list, what: str, loss_finite: bool = False) -> dict:
+    """A non-finite loss or gradient norm at ``step`` of ``trainer`` (before any clipping or update): name its origin,
+    then skip the step (while ``train.skip_nonfinite`` allows; returns the step's metrics row) or stop with a one-line
+    error.
+
+    The origin: every micro-batch of the step again, on every rank (FSDP2 gathers parameters in each forward),
+    through the uncompiled module and on the step's own batches (no side effects)."""
+    tc = trainer.cfg.train
+
+    def replay() -> None:
+        for batch in batches:
+            with trainer.env.autocast():
+                trainer.task.loss(trainer.wrapped, batch)
+    detail = describe_nonfinite(trainer.model, replay, loss_finite=loss_finite)
+    trainer.opt.zero_grad(set_to_none=True)
+    trainer.task.after_step(step)
+    if trainer.skipped_steps < tc.skip_nonfinite:
+        trainer.skipped_steps += 1
+        trainer.step += 1
+        trainer.tokens_seen += trainer.tokens_per_step
+        return {"step": trainer.step, "tokens": trainer.tokens_seen, "lr": trainer.opt.param_groups[0]["lr"],
+                "skipped": f"{what}; {detail} (skip {trainer.skipped_steps} of train.skip_nonfinite="
+                           f"{tc.skip_nonfinite})"}
+    raise PlelabError(stop_message(what, step, detail, trainer.run_dir))

@@ -39,7 +39,7 @@ from plelab.runtime import available_cores, resolve_device, seed_everything, set
 from plelab.training import checkpoint as ckpt
 from plelab.training import sparse
 from plelab.training.metrics import MetricSinks, gpu_peak_flops, step_line, truncate_jsonl
-from plelab.training.nonfinite import describe_nonfinite, stop_message
+from plelab.training.nonfinite import skip_or_stop
 from plelab.training.optim import adamw, lr_multiplier, set_lr
 from plelab.training.parallel import fsdp_sharder, wrap_model
 from plelab.training.rows import RowCounter
@@ -250,12 +250,13 @@ class Trainer:
                                               self.device if self.device.type == "cuda" else torch.device("cpu"))
         loss = mean_across_ranks(total / tc.grad_accum, self.dist).item()
         if not math.isfinite(loss):
-            return self._nonfinite(step, batches, f"the loss became {loss}")
+            return skip_or_stop(self, step, batches, f"the loss became {loss}")
         params = list(self.model.parameters())
         gnorm = sparse.grad_norm(params)  # before any clipping: a non-finite gradient is diagnosed as it is
         gnorm_value = (gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm).item()
         if not math.isfinite(gnorm_value):
-            return self._nonfinite(step, batches, f"the gradient norm became {gnorm_value}", loss_finite=True)
+            return skip_or_stop(self, step, batches, f"the gradient norm became {gnorm_value}",
+                                loss_finite=True)
         for batch in batches:  # counted once the step is known to be finite
             for name, ids in batch.rows.items():
                 self.rows[name].update(ids)
@@ -282,30 +283,6 @@ class Trainer:
                 "tokens_per_second": tps,
                 "mfu": (tps * self.flops_per_token / (self.peak_flops * self.dist.world_size)
                         if self.peak_flops else None), **extra}
-
-    def _nonfinite(self, step: int, batches: list[Batch], what: str, loss_finite: bool = False) -> dict:
-        """A non-finite loss or gradient norm at ``step`` (before any clipping or update): name its origin, then
-        skip the step (while ``train.skip_nonfinite`` allows) or stop with a one-line error.
-
-        The origin: every micro-batch of the step again, on every rank (FSDP2 gathers parameters in each
-        forward), through the uncompiled module and on the step's own batches (no side effects)."""
-        tc = self.cfg.train
-
-        def replay() -> None:
-            for batch in batches:
-                with self.env.autocast():
-                    self.task.loss(self.wrapped, batch)
-        detail = describe_nonfinite(self.model, replay, loss_finite=loss_finite)
-        self.opt.zero_grad(set_to_none=True)
-        self.task.after_step(step)
-        if self.skipped_steps < tc.skip_nonfinite:
-            self.skipped_steps += 1
-            self.step += 1
-            self.tokens_seen += self.tokens_per_step
-            return {"step": self.step, "tokens": self.tokens_seen, "lr": self.opt.param_groups[0]["lr"],
-                    "skipped": f"{what}; {detail} (skip {self.skipped_steps} of train.skip_nonfinite="
-                               f"{tc.skip_nonfinite})"}
-        raise PlelabError(stop_message(what, step, detail, self.run_dir))
 
     def evaluate(self) -> float:
         """The task's validation loss (nats)."""
