@@ -139,7 +139,7 @@ def test_lightning_callback(tmp_path):
 
 
 BAD_MONITOR = {
-    "a model without PLE": (lambda: (tiny_host(), {}), "needs a model with PLE modules"),
+    "a model without PLE": (lambda: (tiny_host(), {}), "needs a model with a token-indexed table"),
     "negative every": (lambda: (plelab.attach(tiny_host(), 8), {"every": -1}), "every must be an integer >= 0"),
     "float windows": (lambda: (plelab.attach(tiny_host(), 8), {"val_windows": torch.randn(4, 9)}),
                       "val_windows must be an integer tensor"),

@@ -237,3 +237,26 @@ def test_an_ngram_arm_matched_to_a_ple_arms_parameters():
                      ("ngram:match=16:rows=1031", "give one of them")):
         with pytest.raises(ConfigError, match=why):
             dp_spec(preset="cpu-tiny", dp=[0, 16], aux=[bad], steps=8)
+
+
+def test_an_ngram_run_hashes_each_micro_batch_once(tmp_path, tiny_data, monkeypatch):
+    """The trainer hashes a micro-batch's n-grams once (for the row counts) and hands the buckets to the model as
+    its table_ids; the model does not hash them again."""
+    import plelab.model.ngram as ngram_module
+    import plelab.model.tables as tables_module
+
+    calls = []
+    real = ngram_module.ngram_ids
+
+    def counted(input_ids, **kwargs):
+        calls.append((tuple(input_ids.shape), torch.is_grad_enabled()))
+        return real(input_ids, **kwargs)
+
+    monkeypatch.setattr(ngram_module, "ngram_ids", counted)
+    monkeypatch.setattr(tables_module, "ngram_ids", counted)
+    cfg = _cfg("ngram", "train.steps=3", "train.eval_every=100", "train.checkpoint_every=100", "train.diag_every=0")
+    plelab.train(cfg, tmp_path / "run", data=tiny_data, progress=False, log=lambda *a: None)
+    micro = cfg.train.steps * cfg.train.grad_accum
+    training = [shape for shape, grad in calls if grad]
+    assert len(training) == micro and all(s == (cfg.train.batch_size // cfg.train.grad_accum, cfg.train.seq_len)
+                                          for s in training), calls

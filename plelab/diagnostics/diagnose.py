@@ -13,12 +13,13 @@ the calibrated range (:func:`plelab.diagnostics.verdict.range_status`).
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from plelab.config.schema import RunConfig
@@ -28,7 +29,7 @@ from plelab.data.tokens import TokenData, data_val_windows, val_windows
 from plelab.diagnostics.agreement import cka_against_null, comparable
 from plelab.diagnostics.foreign import ForeignUse, foreign_report, hf_config
 from plelab.diagnostics.live import initial_table
-from plelab.diagnostics.monitor import MonitoredTable
+from plelab.diagnostics.monitor import COUNTS_KEY, TABLE_FILE, W0_FILE, regenerated_table
 from plelab.diagnostics.predictive import id_information
 from plelab.diagnostics.reference import checked
 from plelab.diagnostics.structure import (
@@ -44,6 +45,8 @@ from plelab.diagnostics.usage import use_metrics
 from plelab.diagnostics.verdict import calibrated_windows, layer_verdict, verdict, verdict_reliability
 from plelab.errors import PlelabError
 from plelab.model.init import build_model
+from plelab.model.loading import mmap_tensor
+from plelab.model.ple import TABLE_KEY
 from plelab.model.tables import model_table
 from plelab.training.checkpoint import load_model_weights, read_state
 from plelab.training.hosts import get_host, host_logits
@@ -111,6 +114,35 @@ class RunTable:
         w0 = initial_table(self.cfg).view(self.table.shape)
         alpha = self.alpha if self.alpha is not None else weight_decay_shrink(self.cfg, self.step)
         self.delta = self.table - alpha * w0
+
+
+class MonitoredTable:
+    """A checkpoint a :class:`Monitor` wrote, read back for ``plelab diagnose``: the table ``[Vp, L, dP]``, its row
+    counts, Δ = W_t − W_0 and the use test the monitor ran (``saved_use``; None when it had no windows)."""
+
+    cfg = None  # not a plelab run: nothing to rebuild the model or its data from
+
+    def __init__(self, source) -> None:
+        monitor, ckpt = source.monitor, source.checkpoint
+        self.source, self.step = source, source.step
+        self.table = source.load()
+        try:
+            with safe_open(str(ckpt / TABLE_FILE), framework="pt") as f:
+                self.counts = f.get_tensor(COUNTS_KEY).numpy().astype(np.float64)
+            saved = json.loads((ckpt / "diagnostics.json").read_text())
+        except (OSError, ValueError, SafetensorError) as err:
+            raise PlelabError(f"{ckpt} is not a complete monitor checkpoint ({err}); it is written by "
+                              "plelab.Monitor.checkpoint") from None
+        init = monitor.get("w0_init")
+        if init:
+            dtype = getattr(torch, str(monitor.get("table_dtype", "float32")), torch.float32)
+            w0 = regenerated_table((source.rows, source.num_layers * source.dim), int(init["seed"]),
+                                   float(init["init_std"]), dtype)
+        else:
+            w0 = mmap_tensor(source.run_dir / W0_FILE, str(monitor.get("table_key", TABLE_KEY)))
+        self.delta = self.table - w0.float().view(self.table.shape)
+        self.saved_use, self.saved_val_loss = saved.get("use"), saved.get("val_loss")
+        self.total_steps, self.hidden_size = monitor.get("total_steps"), monitor.get("hidden_size")
 
 
 def table_of(source: TableSource) -> RunTable | MonitoredTable:
@@ -294,8 +326,15 @@ def diagnose_run(path: str | Path, reference: str | Path | None = None, null_run
     report["reliability"] = verdict_reliability(cfg.model.hidden_size if cfg is not None else run.hidden_size,
                                                 source.rows, dP, fraction, float(run.counts.sum()) / source.rows,
                                                 windows=perm and perm.get("windows"), layers=L,
-                                                trunk=_trunk(cfg), kind=cfg.aux.kind if cfg is not None else "ple")
+                                                trunk=_trunk(cfg), kind=_table_kind(cfg, source))
     return report
+
+
+def _table_kind(cfg, source: TableSource) -> str:
+    """The table's kind: the run's ``aux.kind``, the one a Monitor recorded, else PLE (a bare or HF table)."""
+    if cfg is not None:
+        return cfg.aux.kind
+    return str(source.monitor.get("kind", "ple")) if source.monitor is not None else "ple"
 
 
 def _trunk(cfg: RunConfig | None) -> str:

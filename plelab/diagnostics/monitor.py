@@ -1,4 +1,5 @@
-"""PLE diagnostics for any training loop: :class:`Monitor` (plelab's live and at-checkpoint diagnostics, by hooks).
+"""Table diagnostics for any training loop: :class:`Monitor` (plelab's live and at-checkpoint diagnostics, by hooks)
+of a PLE table or another kind of the family (value embeddings, a hashed n-gram table, token modulation).
 
 In a plain loop::
 
@@ -18,7 +19,15 @@ What it writes (rank 0; the row counts are summed over ranks under torchrun), in
 - ``checkpoints/step-00000N/``: ``diagnostics.json`` (structure of W_t and Δ = W_t − W_0 on the used rows, and the use
   test on ``val_windows``), ``ple_table.safetensors`` (the table and ``diag.row_counts``) — what ``plelab diagnose``
   reads;
-- ``monitor.json``: the table's shape and where W_0 comes from.
+- ``monitor.json``: the table's kind, state-dict key, shape ``[rows, layers, dim]`` and where W_0 comes from.
+
+Another kind of table (:func:`plelab.attach_table`, or plelab's ``ValueEmbeddings`` / ``HashedNgramEmbedding`` /
+``TokenModulation`` in your decoder) is monitored the same way, with the rows its ``embed`` looks up counted (token
+ids; hash buckets for the n-gram table) and, every ``every`` steps, the share of rows touched and the table's gradient
+norm (the per-layer signal metrics read PLE's injection, which the other kinds do not have). Its checkpoint file
+keeps the table under its own key (``model.value_embeddings.embed.weight``, …), and its W_0 is always written to
+``w0.safetensors`` (regenerated from the seed :func:`plelab.attach_table` recorded, else the snapshot), so
+``plelab diagnose`` reads it without the model.
 
 Steps are counted as plelab's trainer counts them: completed optimizer steps, 1-based (``monitor.step(i)`` after
 the backward of the loop's step ``i``, 0-based, writes its row as step ``i + 1``; ``checkpoints/step-N`` holds the
@@ -44,21 +53,28 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
 from plelab.diagnostics.live import table_diagnostics
-from plelab.diagnostics.signal import SignalProbe, gradient_norms
+from plelab.diagnostics.signal import SignalProbe, gradient_norms, table_gradient_norm
 from plelab.distributed import DistInfo, sum_across_ranks
 from plelab.errors import PlelabError
 from plelab.io import atomic_write, naming, os_reason, write_json
+from plelab.model.init import aux_modules
 from plelab.model.loading import mmap_tensor
+from plelab.model.modulation import TokenModulation
+from plelab.model.ngram import HashedNgramEmbedding
 from plelab.model.ple import TABLE_KEY, PLEModules
+from plelab.model.tables import model_table
+from plelab.model.transformer import AUX_ATTRIBUTES
+from plelab.model.value_embed import ValueEmbeddings
 from plelab.training.rows import RowCounter
 
 W0_FILE, TABLE_FILE, COUNTS_KEY = "w0.safetensors", "ple_table.safetensors", "diag.row_counts"
 ATTACH_CONFIG_KEY = "plelab_ple"  # where plelab.attach keeps its arguments in an HF config
+TABLE_CONFIG_KEY = "plelab_table"  # where plelab.attach_table keeps its arguments in an HF config
+AUX_KINDS = {ValueEmbeddings: "value", HashedNgramEmbedding: "ngram", TokenModulation: "modulation"}
 
 
 def _current_dist() -> DistInfo:
@@ -92,10 +108,64 @@ def regenerated_w0(model: nn.Module) -> torch.Tensor | None:
     return regenerated_table(tuple(table.shape), init["seed"], init["init_std"], table.dtype)
 
 
+def regenerated_aux_w0(model: nn.Module, module: nn.Module) -> torch.Tensor | None:
+    """The values :func:`plelab.attach_table` gave ``module``'s table at step 0 (``[rows, layers·dim]`` float32, in
+    the dtype it was stored in), from the seed it recorded in the model's config; None where it recorded none."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    saved = getattr(config, TABLE_CONFIG_KEY, None) if config is not None else None
+    if not isinstance(saved, dict) or not {"seed", "init_std", "init"} <= set(saved):
+        return None
+    weight = module.embed.weight
+    fresh = module.blank()  # attach_table drew the init in float32 on the CPU
+    fresh.reset_parameters(generator=torch.Generator().manual_seed(int(saved["seed"])),
+                           std=float(saved["init_std"]), init=str(saved["init"]))
+    return fresh.embed.weight.detach().to(weight.dtype).float()
+
+
+class _Table:
+    """The table a :class:`Monitor` watches: PLE's (``ple`` set) or one aux module's (``module`` set): its ``kind``,
+    state-dict ``key``, ``weight [rows, layers·dim]``, ``layers``, ``dim``, the module whose lookups are counted
+    (``counted``) and the trunk's hidden size."""
+
+    def __init__(self, model: nn.Module) -> None:
+        found = aux_modules(getattr(model, "module", model))
+        if len(found) > 1:
+            raise PlelabError(f"plelab.Monitor watches one table; the model holds {len(found)} "
+                              f"({', '.join(found)}): monitor a model with one")
+        self.ple, self.module = None, None
+        if found:
+            self.module = next(iter(found.values()))
+            self.kind = AUX_KINDS[type(self.module)]
+            self.key = f"model.{AUX_ATTRIBUTES[self.kind]}.embed.weight"
+            self.weight, self.layers, self.dim = model_table(self.module)
+            self.counted = self.module.embed  # one lookup per forward, of token ids or [B,T,S] hash buckets
+            config = getattr(getattr(model, "module", model), "config", None)
+            config = getattr(config, "text_config", None) or config
+            hidden = getattr(config, "hidden_size", None)
+            self.hidden_size = hidden if isinstance(hidden, int) and not isinstance(hidden, bool) else None
+            return
+        try:
+            self.ple = PLEModules(model)
+        except LookupError as err:
+            raise PlelabError(f"plelab.Monitor needs a model with a token-indexed table ({err}); add one with "
+                              "plelab.attach(model, dim) or plelab.attach_table(model, kind), build a plelab model "
+                              "with ple.dim > 0 or aux.kind set, or hold plelab.PerLayerEmbedding / PerLayerInjection "
+                              "(or ValueEmbeddings, HashedNgramEmbedding, TokenModulation) modules in your own"
+                              ) from None
+        self.kind, self.key, self.counted = "ple", TABLE_KEY, self.ple.embedding
+        self.weight, self.layers, self.dim = self.ple.table, self.ple.num_layers, self.ple.dim
+        self.hidden_size = int(self.ple.embedding.owner.per_layer_model_projection.weight.shape[1])
+
+    @property
+    def training(self) -> bool:
+        return (self.ple.embedding.owner if self.ple is not None else self.module).training
+
+
 class Monitor:
-    """Live and at-checkpoint PLE diagnostics of ``model`` (plelab's, an HF model after ``attach``, or your own
-    decoder holding :class:`~plelab.PerLayerEmbedding` / :class:`~plelab.PerLayerInjection` under any attribute
-    names: they are found by type, :class:`~plelab.PLEModules`), written under ``out``.
+    """Live and at-checkpoint diagnostics of the token-indexed table in ``model`` (plelab's, an HF model after
+    ``attach`` or ``attach_table``, or your own decoder holding :class:`~plelab.PerLayerEmbedding` /
+    :class:`~plelab.PerLayerInjection`, or one of the family's other modules, under any attribute names: they are
+    found by type), written under ``out``.
 
     ``every``: signal metrics every this many steps (0: never); ``checkpoint_every``: structure + use diagnostics
     every this many steps (0: only when :meth:`checkpoint` is called); ``val_windows [N, T+1]``: token windows for
@@ -105,18 +175,14 @@ class Monitor:
     end-of-run thresholds and says the model is outside the calibrated range); ``logits_of``: for the use test,
     a function from the output of ``model(ids [B,T])`` to its logits ``[B,T,V]`` — needed when the forward returns
     neither an object with ``.logits`` nor the logits tensor itself (e.g. ``lambda out: out[0]`` for a
-    ``(logits, loss)`` tuple). The embedding's forward hook counts the looked-up rows from its ``table_ids``.
+    ``(logits, loss)`` tuple). A forward hook counts the looked-up rows: PLE's from its embedding's ``table_ids``,
+    another kind's from its ``embed`` lookup (token ids, or the n-gram table's hash buckets).
     """
 
     def __init__(self, model: nn.Module, out: str | Path, *, every: int = 50, checkpoint_every: int = 0,
                  val_windows: torch.Tensor | None = None, w0: str = "auto", seed: int = 0,
                  total_steps: int | None = None, logits_of: Callable | None = None) -> None:
-        try:
-            self.ple = PLEModules(model)
-        except LookupError as err:
-            raise PlelabError(f"plelab.Monitor needs a model with PLE modules ({err}); add them with "
-                              "plelab.attach(model, dim), build a plelab model with ple.dim > 0, or hold "
-                              "plelab.PerLayerEmbedding / PerLayerInjection modules in your own") from None
+        self.table = _Table(model)
         if logits_of is not None and not callable(logits_of):
             raise PlelabError(f"Monitor logits_of must be a function from the model's output to its logits, got "
                               f"{type(logits_of).__name__}")
@@ -135,25 +201,32 @@ class Monitor:
         self.every, self.checkpoint_every, self.val_windows, self.seed = every, checkpoint_every, val_windows, seed
         self.total_steps, self.logits_of = total_steps, logits_of
         self.dist = _current_dist()
-        table = self.ple.table
+        t = self.table
+        table = t.weight
         self.rows = RowCounter(table.shape[0], table.device)
         self.probe: SignalProbe | None = None
-        self._handles = [self.ple.embedding.register_forward_hook(self._count, with_kwargs=True)]
+        hook = self._count if t.ple is not None else self._count_lookup
+        self._handles = [t.counted.register_forward_hook(hook, with_kwargs=True)]
         self.completed, self.last_checkpoint, self.latest = 0, None, {}
-        self.w0_source, self.w0_init = "regenerated from the attach seed", attach_init(model)
-        if w0 == "snapshot" or self.w0_init is None:
-            self.w0_init = None
+        w0_values = None
+        if t.ple is not None:
+            self.w0_source, self.w0_init = "regenerated from the attach seed", attach_init(model)
+        else:  # written to disk either way: diagnose rebuilds no aux module from a monitor folder
+            w0_values = None if w0 == "snapshot" else regenerated_aux_w0(model, t.module)
+            self.w0_source, self.w0_init = "regenerated from the attach_table seed (written to disk)", None
+        if w0_values is None and (w0 == "snapshot" or self.w0_init is None):
+            self.w0_init, w0_values = None, table.detach()
             self.w0_source = f"snapshot at construction ({table.numel() * 4:,} bytes on disk)"
         if self.dist.is_main:
             try:
-                if self.w0_init is None:
-                    snapshot = {TABLE_KEY: table.detach().float().cpu().contiguous()}
+                if w0_values is not None:
+                    snapshot = {t.key: w0_values.float().cpu().contiguous()}
                     atomic_write(self.out / W0_FILE, lambda p: save_file(snapshot, str(p)))
-                write_json(self.out / "monitor.json", {"table_key": TABLE_KEY, "shape": [table.shape[0],
-                           self.ple.num_layers, self.ple.dim], "w0": self.w0_source, "w0_init": self.w0_init,
+                write_json(self.out / "monitor.json", {"kind": t.kind, "table_key": t.key, "shape": [
+                           table.shape[0], t.layers, t.dim], "w0": self.w0_source, "w0_init": self.w0_init,
                            "table_dtype": str(table.dtype).removeprefix("torch."), "every": every,
                            "checkpoint_every": checkpoint_every, "seed": seed, "total_steps": total_steps,
-                           "hidden_size": int(self.ple.embedding.owner.per_layer_model_projection.weight.shape[1])})
+                           "hidden_size": t.hidden_size})
             except OSError as err:
                 raise PlelabError(f"plelab.Monitor cannot write to {self.out}: {os_reason(err)}; give a writable "
                                   "folder") from None
@@ -164,28 +237,33 @@ class Monitor:
         if embedding.owner.training and torch.is_grad_enabled():
             self.rows.update(table_ids)
 
+    def _count_lookup(self, embed, args, kwargs, _out) -> None:
+        if self.table.training and torch.is_grad_enabled():
+            self.rows.update(args[0] if args else kwargs.get("input"))
+
     def _due(self, step: int) -> bool:
         return bool(self.every) and (step + 1) % self.every == 0
 
     def _arm(self, step: int) -> None:
-        if self._due(step) and self.probe is None:
+        if self._due(step) and self.probe is None and self.table.ple is not None:
             self.probe = SignalProbe(self.model).__enter__()
 
     def step(self, step: int) -> dict:
         """Call after the backward of training step ``step`` (0-based), before the gradients are zeroed. Returns the
         row written to ``metrics.jsonl`` ({} on steps without diagnostics)."""
         row: dict = {}
-        if self.probe is not None:
-            self.probe.__exit__(None, None, None)
-            if self._due(step):
-                diag = {**self.probe.summary(), **gradient_norms(self.model),
-                        "rows_touched": self.rows.fraction_touched(self.dist)}
-                row = {"step": step + 1, "diag": diag}
-                self.latest = diag
-                if self.dist.is_main:
-                    with naming(self.out / "metrics.jsonl"), (self.out / "metrics.jsonl").open("a") as f:
-                        f.write(json.dumps(row) + "\n")
-            self.probe = None
+        probe, self.probe = self.probe, None
+        if probe is not None:
+            probe.__exit__(None, None, None)
+        if self._due(step) and (probe is not None or self.table.ple is None):
+            diag = ({**probe.summary(), **gradient_norms(self.model)} if probe is not None
+                    else {"table_grad_norm": table_gradient_norm(self.table.weight)})
+            diag["rows_touched"] = self.rows.fraction_touched(self.dist)
+            row = {"step": step + 1, "diag": diag}
+            self.latest = diag
+            if self.dist.is_main:
+                with naming(self.out / "metrics.jsonl"), (self.out / "metrics.jsonl").open("a") as f:
+                    f.write(json.dumps(row) + "\n")
         self.completed = step + 1
         if self.checkpoint_every and (step + 1) % self.checkpoint_every == 0:
             self.checkpoint(step + 1)
@@ -216,12 +294,13 @@ class Monitor:
         """The weight decay ``optimizer`` applies to the table (0.0 when none); warns when it is > 0: the Monitor's
         Δ = W_t − W_0 then counts the decay's shrink as learning (give the table a group with weight_decay=0, e.g.
         ``plelab.param_groups``)."""
-        table = self.ple.table
+        table = self.table.weight
         decay = max((float(g.get("weight_decay", 0.0)) for g in getattr(optimizer, "param_groups", [])
                      if any(p is table for p in g["params"])), default=0.0)
         if decay > 0:
-            warnings.warn(f"plelab.Monitor: the optimizer decays the PLE table (weight_decay={decay:g}); Δ = W_t − W_0 "
-                          "then reads the decay's shrink as learning — give the table weight_decay=0 "
+            name = "PLE" if self.table.kind == "ple" else self.table.kind
+            warnings.warn(f"plelab.Monitor: the optimizer decays the {name} table (weight_decay={decay:g}); "
+                          "Δ = W_t − W_0 then reads the decay's shrink as learning — give the table weight_decay=0 "
                           "(plelab.param_groups does), "
                           "e.g. Trainer(optimizers=(plelab.adamw(plelab.param_groups(model, lr)), None))",
                           stacklevel=2)
@@ -257,7 +336,7 @@ class Monitor:
     def w0(self) -> torch.Tensor:
         """The table at step 0, ``[Vp, L·dP]`` float32 (memory-mapped when it is the snapshot)."""
         if self.w0_init is None:
-            return mmap_tensor(self.out / W0_FILE, TABLE_KEY)
+            return mmap_tensor(self.out / W0_FILE, self.table.key)
         return regenerated_w0(self.model)
 
     def checkpoint(self, step: int, val_windows: torch.Tensor | None = None) -> dict | None:
@@ -270,13 +349,13 @@ class Monitor:
             return None
         folder = self.out / "checkpoints" / f"step-{step:06d}"
         model = getattr(self.model, "module", self.model)  # the use test runs on rank 0 alone: not through DDP
-        device = self.ple.embedding.owner.per_layer_model_projection.weight.device
+        device = self.table.weight.device
         diags = {"step": step, "w0": self.w0_source,
                  **table_diagnostics(model, self.w0(), counts.numpy().astype(np.float64), 1.0,
                                      self.val_windows if val_windows is None else val_windows, device, seed=self.seed,
                                      fraction=step / self.total_steps if self.total_steps else None,
                                      logits_of=self.logits_of)}
-        tensors = {TABLE_KEY: self.ple.table.detach().float().cpu().contiguous(), COUNTS_KEY: counts.cpu()}
+        tensors = {self.table.key: self.table.weight.detach().float().cpu().contiguous(), COUNTS_KEY: counts.cpu()}
         atomic_write(folder / TABLE_FILE, lambda p: save_file(tensors, str(p)))
         write_json(folder / "diagnostics.json", diags)
         return diags
@@ -295,32 +374,3 @@ class Monitor:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class MonitoredTable:
-    """A checkpoint a :class:`Monitor` wrote, read back for ``plelab diagnose``: the table ``[Vp, L, dP]``, its row
-    counts, Δ = W_t − W_0 and the use test the monitor ran (``saved_use``; None when it had no windows)."""
-
-    cfg = None  # not a plelab run: nothing to rebuild the model or its data from
-
-    def __init__(self, source) -> None:
-        monitor, ckpt = source.monitor, source.checkpoint
-        self.source, self.step = source, source.step
-        self.table = source.load()
-        try:
-            with safe_open(str(ckpt / TABLE_FILE), framework="pt") as f:
-                self.counts = f.get_tensor(COUNTS_KEY).numpy().astype(np.float64)
-            saved = json.loads((ckpt / "diagnostics.json").read_text())
-        except (OSError, ValueError, SafetensorError) as err:
-            raise PlelabError(f"{ckpt} is not a complete monitor checkpoint ({err}); it is written by "
-                              "plelab.Monitor.checkpoint") from None
-        init = monitor.get("w0_init")
-        if init:
-            dtype = getattr(torch, str(monitor.get("table_dtype", "float32")), torch.float32)
-            w0 = regenerated_table((source.rows, source.num_layers * source.dim), int(init["seed"]),
-                                   float(init["init_std"]), dtype)
-        else:
-            w0 = mmap_tensor(source.run_dir / W0_FILE, TABLE_KEY)
-        self.delta = self.table - w0.float().view(self.table.shape)
-        self.saved_use, self.saved_val_loss = saved.get("use"), saved.get("val_loss")
-        self.total_steps, self.hidden_size = monitor.get("total_steps"), monitor.get("hidden_size")

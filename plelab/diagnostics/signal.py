@@ -63,6 +63,11 @@ def _norm(t: torch.Tensor | None) -> float | None:
     return None if t is None else float(_sq_sum(t).sqrt())
 
 
+def table_gradient_norm(weight: torch.Tensor) -> float | None:
+    """‖∂L/∂W‖ of a table ``[rows, D]`` (dense or row-sparse; sharded: summed over ranks), None without a gradient."""
+    return _norm(row_gradient(weight))
+
+
 class SignalProbe:
     """Context manager: attach to a PLE model, run forward (+ backward), read ``summary()``.
 

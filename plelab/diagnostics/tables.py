@@ -139,7 +139,15 @@ def _monitored(p: Path, num_layers: int | None, dp: int | None) -> TableSource |
                           ) from None
     if (num_layers or layers) != layers or (dp or d) != d:
         raise PlelabError(f"--num-layers/--dp disagree with the monitor's table (L={layers}, dP={d}); drop them")
-    file, key, shape = _find_in_safetensors(ckpt / MONITOR_TABLE)
+    if monitor.get("kind", "ple") == "ple":
+        file, key, shape = _find_in_safetensors(ckpt / MONITOR_TABLE)
+    else:  # another kind of the family: its own key, which monitor.json names
+        file, key = ckpt / MONITOR_TABLE, str(monitor.get("table_key"))
+        keys, shapes = _open_keys(file)
+        if key not in keys:
+            raise PlelabError(f"{file} holds no tensor {key!r}, which {run_dir / MONITOR_FILE} names; the checkpoint "
+                              "is damaged: use another")
+        shape = shapes[key]
     if tuple(shape) != (rows, layers * d):
         raise PlelabError(f"{file}: table {key} has shape {list(shape)}, monitor.json says {[rows, layers * d]}")
     return TableSource(file=file, key=key, rows=rows, num_layers=layers, dim=d, step=int(ckpt.name[5:]),

@@ -35,12 +35,12 @@ from torch import nn
 
 from plelab.config.schema import GATE_KINDS
 from plelab.diagnostics.monitor import ATTACH_CONFIG_KEY as PLE_CONFIG_KEY
+from plelab.diagnostics.monitor import TABLE_CONFIG_KEY
 from plelab.errors import PlelabError
 from plelab.integrations.pretrained import from_pretrained, loader_errors, loader_reason
 from plelab.io import atomic_write
 from plelab.model.hf_weights import load_hf_weights, read_safetensors
-from plelab.model.ple import (INITS, PerLayerEmbedding, PerLayerInjection, PLEModules, keep_unregistered,
-                              token_table_ids)
+from plelab.model.ple import INITS, PerLayerEmbedding, PerLayerInjection, PLEModules, keep_unregistered, token_table_ids
 
 # Families transformers builds offline from a config whose layout attach knows (model_type -> how it is reached).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gpt_neox")
@@ -53,7 +53,7 @@ TESTED_TRANSFORMERS = ("5.0", "5.23", "5.25")  # major.minor versions the test s
 EXPORT_PLE_TRANSFORMERS = (5, 13)
 ATTACHED_TYPE = "plelab_attached"  # the model_type a folder saved after attach carries (the host's in plelab_ple)
 # plelab.attach_table's (plelab.integrations.hf_aux): its config entry and the base model's attribute holding its hooks
-TABLE_CONFIG_KEY, TABLE_ATTACHMENT = "plelab_table", "plelab_table_attachment"
+TABLE_ATTACHMENT = "plelab_table_attachment"
 # loaders of other attached folders, by their config entry (hf_aux registers attach_table's when it is imported)
 FOLDER_LOADERS: dict = {}
 

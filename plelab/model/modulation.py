@@ -65,6 +65,11 @@ class TokenModulation(nn.Module):
         else:
             self.embed.weight.normal_(0.0, std, generator=generator)
 
+    def blank(self) -> TokenModulation:
+        """A new module of this one's sizes, on the CPU in float32 (its values: :meth:`reset_parameters`' to set)."""
+        with torch.random.fork_rng(devices=[]):
+            return TokenModulation(self.embed.num_embeddings, self.hidden_size, self.num_layers)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``m = T[ids]``: ``ids [B,T]`` -> ``[B,T,L,H]``."""
         if ids.dim() != 2:

@@ -221,6 +221,13 @@ class HashedNgramEmbedding(nn.Module):
         else:
             proj.normal_(0.0, std, generator=generator)
 
+    def blank(self) -> HashedNgramEmbedding:
+        """A new module of this one's sizes and hash, on the CPU in float32 (values: :meth:`reset_parameters`')."""
+        with torch.random.fork_rng(devices=[]):
+            # the vocabulary only chooses the rows when none are given: they are given here
+            return HashedNgramEmbedding(self.rows, self.proj.out_features, self.num_layers, orders=self.orders,
+                                        heads=self.heads, rows=self.rows, dim=self.dim, seed=self.seed)
+
     def ngram_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """This table's bucket ids: ``input_ids [B,T]`` -> ``[B,T,S]`` (:func:`ngram_ids`)."""
         return ngram_ids(input_ids, rows=self.rows, orders=self.orders, heads=self.heads, seed=self.seed)

@@ -106,6 +106,12 @@ class ValueEmbeddings(nn.Module):
             else:
                 gate.weight.uniform_(0.0, 0.02, generator=generator)
 
+    def blank(self) -> ValueEmbeddings:
+        """A new module of this one's sizes, on the CPU in float32 (its values: :meth:`reset_parameters`' to set)."""
+        with torch.random.fork_rng(devices=[]):  # the default init draws from the global RNG: leave it as it was
+            return ValueEmbeddings(self.embed.num_embeddings, self.num_layers, self.num_kv_heads, self.head_dim,
+                                   layers=self.layers, gate_channels=self.gate_channels, gate_scale=self.gate_scale)
+
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Every selected layer's rows: ``ids [B,T]`` -> ``[B,T,|layers|,n_kv,hd]`` (one lookup per forward)."""
         return self.embed(ids).view(*ids.shape, len(self.layers), self.num_kv_heads, self.head_dim)

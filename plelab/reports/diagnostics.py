@@ -83,16 +83,20 @@ def plot_run_history(run_dir: str | Path, out_dir: str | Path) -> list[Path]:
                 rows.append(row)
     if not rows:
         return []
-    keys = [("snr", "injection RMS / hidden RMS"), ("table_to_proj", "table part / projection part"),
-            ("gate", "gate activity"), ("grad_table", "gradient norm at the table slice")]
+    if "snr" in rows[0]["diag"]:  # PLE's per-layer signals
+        keys = [("snr", "injection RMS / hidden RMS"), ("table_to_proj", "table part / projection part"),
+                ("gate", "gate activity"), ("grad_table", "gradient norm at the table slice")]
+    else:  # another kind of table: whole-table numbers (plelab.Monitor)
+        keys = [("table_grad_norm", "gradient norm of the table"), ("rows_touched", "share of rows looked up")]
     steps = [r["step"] for r in rows]
-    L = len(rows[0]["diag"]["snr"])
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
     for ax, (key, title) in zip(axes[0], keys):
-        for layer in range(L):
-            values = [r["diag"][key][layer] for r in rows]
+        series = [r["diag"].get(key) for r in rows]
+        per_layer = series and isinstance(series[0], list)
+        for layer in range(len(series[0]) if per_layer else 1):
+            values = [v[layer] if per_layer else v for v in series]
             if all(v is not None for v in values):
-                ax.plot(steps, values, label=f"layer {layer}")
+                ax.plot(steps, values, label=f"layer {layer}" if per_layer else "whole table")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -82,6 +82,8 @@ class TextTask(Task):
         elif self.table_rows:
             ids = token_table_ids(x, self.table_rows)
         rows = aux_row_ids(self.cfg.aux, self.cfg.model, x) if ids is None and self.cfg.aux.extra else ids
+        if ids is None and self.cfg.aux.kind == "ngram" and self.host is None:
+            ids = rows  # the buckets, hashed once: the model looks them up instead of hashing the tokens again
         return Batch({"input_ids": x, "targets": y.to(self.env.device), "table_ids": ids},
                      {"text": rows} if rows is not None else {})
 
