@@ -195,6 +195,10 @@ def study_args(p) -> None:
                         "modulation with its aux.* sizes, e.g. --aux ngram:rows=2003:heads=2, or ngram:match=16 for "
                         "the rows that add what PLE at dP 16 adds (repeatable: one arm each; plelab params --aux "
                         "counts them)")
+    p.add_argument("--budgets", type=float_list("--budgets", "1.25,1.5"), default=[],
+                   help="the baseline also trained at these multiples (> 1) of the steps, each a run of its own: the "
+                        "budget ladder on which the report reads each table arm at equal wall clock and what it is "
+                        "worth in baseline tokens, e.g. 1.25,1.5")
     p.add_argument("--steps", type=int, help="optimizer steps per run (equal token budget for every arm)")
     p.add_argument("--data", help="your text instead of the embedded corpus (as for plelab train)")
     p.add_argument("--text-field", help="with --data: the JSONL field / Parquet column holding the text (default "

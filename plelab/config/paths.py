@@ -2,7 +2,7 @@
 sweep's ``sweep.json``, its report's "Reproduce" line) means the same files from any working directory.
 
 The path-like keys are the fields tagged ``path`` in :mod:`plelab.config.schema` (``data.path``, ``data.mix``,
-``data.tokenizer``, ``visual.data``); a list value holds ``PATH:WEIGHT`` entries (a mixture), whose paths are made
+``data.tokenizer``, ``data.ood``, ``visual.data``); a list value holds ``PATH:WEIGHT`` entries (a mixture), whose paths are made
 absolute and weights kept as typed. A path is taken relative to the current directory, as plelab reads it, with
 ``~`` expanded; symbolic links are kept (:func:`os.path.abspath`, not ``resolve``). Absolute paths, ``none`` and
 empty values are left as they are.
@@ -18,6 +18,7 @@ from plelab.config.overrides import NONE_WORDS, get_value, keys_tagged, set_valu
 from plelab.config.schema import RunConfig
 
 PATH_TAG = "path"
+BUILT_IN = ("other-libraries",)  # values of a path-like key that name a set plelab builds (data.ood): kept as given
 
 
 def path_keys() -> tuple[str, ...]:
@@ -26,8 +27,9 @@ def path_keys() -> tuple[str, ...]:
 
 
 def absolute(path: str) -> str:
-    """``path`` made absolute against the current directory (``~`` expanded, links kept); "" stays ""."""
-    return os.path.abspath(os.path.expanduser(path)) if path else path
+    """``path`` made absolute against the current directory (``~`` expanded, links kept); "" and the names of
+    :data:`BUILT_IN` sets stay as they are."""
+    return os.path.abspath(os.path.expanduser(path)) if path and path not in BUILT_IN else path
 
 
 def absolute_entry(entry: str) -> str:

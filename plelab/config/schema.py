@@ -300,6 +300,9 @@ class DataConfig:
     token_dtype: Literal["uint16", "uint32"] | None = None
     # Pre-tokenized folders: the shard held out for validation (its file name); None = a val_fraction of blocks.
     val_shard: str | None = field(default=None, metadata=_ADVISE)
+    # An out-of-distribution validation set scored at every evaluation beside the validation split (ood_loss):
+    # "other-libraries" (docstrings of installed libraries neither embedded corpus holds) or a path to text.
+    ood: str | None = field(default=None, metadata=_ADVISE_PATH)
 
     def validate(self) -> None:
         _require(0 < self.val_fraction < 1, "data.val_fraction", self.val_fraction, "a number in (0, 1)")
@@ -309,6 +312,8 @@ class DataConfig:
         _require(not (self.mix and self.path), "data.mix", self.mix, "empty when data.path is set (give one or the "
                  "other: --data PATH, or --data PATH:WEIGHT twice or more)")
         _require_choice(self.embedded, "data.embedded", EmbeddedCorpus)
+        _require(self.ood is None or (isinstance(self.ood, str) and bool(self.ood.strip())), "data.ood", self.ood,
+                 "other-libraries or a path to text outside the training corpus")
         _require(self.embedded == "stdlib" or not (self.path or self.mix), "data.embedded", self.embedded,
                  "stdlib when --data is given (the embedded corpus is read only without a data path)")
 

@@ -37,6 +37,11 @@ EMBEDDED = get_args(EmbeddedCorpus)  # the values of data.embedded
 # Installed with every plelab: its own dependencies (torch, numpy, scipy, matplotlib) and torch's (sympy, its
 # mpmath, networkx). Distribution and import names agree for all of them.
 PACKAGE_CORPUS = ("torch", "numpy", "scipy", "matplotlib", "sympy", "mpmath", "networkx")
+# Installed with every plelab too (pillow and tqdm directly; jinja2, fsspec and filelock with torch) and in neither
+# embedded training corpus: the out-of-distribution validation text of ``data.ood=other-libraries`` (imaging,
+# templating, file systems, progress bars, file locks — none of the training corpus's libraries).
+OTHER_LIBRARIES = ("PIL", "jinja2", "fsspec", "tqdm", "filelock")
+DISTRIBUTIONS = {"PIL": "pillow"}  # import name -> distribution name, where they differ
 _SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__", "lib2to3",
               "turtledemo", "ensurepip"}
 
@@ -82,23 +87,24 @@ def _module_docstrings(path: Path) -> str:
     return "\n\n".join(docs)
 
 
-def _package_root(name: str) -> Path:
+def _package_root(name: str, names: tuple[str, ...] = PACKAGE_CORPUS) -> Path:
     """Where an installed package's source lies, found without importing it (a top-level ``find_spec`` runs no
     package code)."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise PlelabError(f"data.embedded=packages reads the docstrings of {', '.join(PACKAGE_CORPUS)}, but {name} "
-                          f"is not installed: pip install {name}, or use data.embedded=stdlib")
+        what = ("data.embedded=packages" if names == PACKAGE_CORPUS else "data.ood=other-libraries")
+        raise PlelabError(f"{what} reads the docstrings of {', '.join(names)}, but {name} is not installed: pip "
+                          f"install {DISTRIBUTIONS.get(name, name)}, or drop {what.split('=')[0]}")
     return Path(sorted(spec.submodule_search_locations)[0])
 
 
-def _package_versions() -> list[list[str]]:
-    """``[[name, version, source folder], …]`` of :data:`PACKAGE_CORPUS`: what identifies the packages corpus."""
+def _package_versions(names: tuple[str, ...] = PACKAGE_CORPUS) -> list[list[str]]:
+    """``[[name, version, source folder], …]`` of ``names``: what identifies a corpus of their docstrings."""
     rows = []
-    for name in PACKAGE_CORPUS:
-        root = _package_root(name)
+    for name in names:
+        root = _package_root(name, names)
         try:
-            version = importlib.metadata.version(name)
+            version = importlib.metadata.version(DISTRIBUTIONS.get(name, name))
         except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, without metadata
             version = "unknown"
         rows.append([name, version, str(root)])
@@ -151,6 +157,17 @@ def embedded_corpus(which: str = "stdlib") -> Corpus:
     if which == "packages":
         documents = documents + _cached(embedded_name(which), embedded_key(which), _extract_packages)
     return Corpus(name=embedded_name(which), documents=documents)
+
+
+def other_libraries_corpus() -> Corpus:
+    """The docstrings of :data:`OTHER_LIBRARIES`, one module one document (deterministic, cached like the embedded
+    corpora): text from none of the embedded training corpora's libraries, for ``data.ood=other-libraries``."""
+    key = hashlib.sha256(f"{sys.version}|{_EXTRACTOR_VERSION}|{json.dumps(_package_versions(OTHER_LIBRARIES))}"
+                         .encode()).hexdigest()[:16]
+    name = f"python{sys.version_info.major}.{sys.version_info.minor}-other-libraries-docs"
+    documents = _cached(name, key, lambda: [doc for lib in OTHER_LIBRARIES
+                                            for doc in _docstring_documents(_package_root(lib, OTHER_LIBRARIES))])
+    return Corpus(name=name, documents=documents)
 
 
 def _docstring_documents(root: Path) -> list[str]:

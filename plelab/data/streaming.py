@@ -79,7 +79,7 @@ def cache_lock(name: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _encode(tok: Tokenizer, docs: list[str], eos: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+def encode_documents(tok: Tokenizer, docs: list[str], eos: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, starts)``: the documents' ids back to back, each followed by EOS, and each one's start offset."""
     encs = tok.encode_batch_fast(docs)  # no offsets: the ids are all an ingest keeps
     lens = np.fromiter((len(e.ids) + 1 for e in encs), dtype=np.int64, count=len(encs))
@@ -148,7 +148,7 @@ def _write_all(tmp: Path, tok: Tokenizer, src: Source, val_fraction: float, show
         for n, batch in enumerate(_batches(iter_documents(src)), start=1):
             for split, docs in state.route(batch).items():
                 if docs:
-                    state.writers[split].write_documents(*_encode(tok, docs, eos, dtype))
+                    state.writers[split].write_documents(*encode_documents(tok, docs, eos, dtype))
             bar.update(sum(len(d.encode("utf-8")) for d in batch))
             maybe_fault("ingest_batch", n)
     splits = {s: w.close() for s, w in state.writers.items()}
@@ -166,7 +166,7 @@ def _write_all(tmp: Path, tok: Tokenizer, src: Source, val_fraction: float, show
     for split, docs in (("train", train), ("val", val)):
         writer = ShardWriter(tmp, split, dtype)
         for batch in _batches(docs):
-            writer.write_documents(*_encode(tok, batch, eos, dtype))
+            writer.write_documents(*encode_documents(tok, batch, eos, dtype))
         record["splits"][split] = writer.close()
     record.update(duplicates=dups, pieces=n_pieces)
     return record

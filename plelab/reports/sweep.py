@@ -16,6 +16,7 @@ from pathlib import Path
 from plelab.config.paths import absolute
 from plelab.errors import ConfigError
 from plelab.io import atomic_write, check_folder_target, write_json
+from plelab.reports.sweep_comparison import comparison_blocks
 from plelab.reports.sweep_findings import findings, required_seeds
 from plelab.reports.sweep_plots import all_plots
 from plelab.reports.tables import csv_text, fmt
@@ -79,7 +80,7 @@ def ci_note(analysis: dict) -> str:
 
 METHOD_NAMES = {"vs_baseline": "each dP against the baseline", "consecutive": "consecutive dP steps",
                 "controls": "controls against their reference arm", "controls_vs_baseline": "controls against the "
-                "baseline"}
+                "baseline", "ood_vs_baseline": "each table arm against the baseline on the out-of-distribution loss"}
 
 
 def method_lines(analysis: dict) -> list[str]:
@@ -253,6 +254,7 @@ def blocks(res: SweepResults, analysis: dict, reg: dict, plots: list[Path], plan
                       "loss per arm step (median over seeds; '>' where the baseline never reached it). Inside one "
                       "cosine schedule the tokens seen and the schedule's position move together."),
                 ("table", *budget_table(budget))]
+    out += comparison_blocks(res, analysis)
     mech = gate_mechanism(res)
     if mech["rows"]:
         out += [("h2", "The seed's mechanism: does the gate stay shut below some dP?"),

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from plelab.reports.figures import finish_axes, pyplot, save_figure
+from plelab.reports.sweep_comparison import plot_time_axes
 from plelab.sweeps.results import SweepResults
 from plelab.sweeps.spec import CURVE_CONTROLS
 from plelab.stats import t_quantile
@@ -166,5 +167,5 @@ def all_plots(res: SweepResults, analysis: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = plot_loss(res, out) + [plot_paired(res, analysis, out), plot_sweep_diagnostics(res, out),
                                    plot_curves(res, out)]
-    extra = [plot_early(analysis, out), plot_budget(res, analysis, out)]
+    extra = [plot_early(analysis, out), plot_budget(res, analysis, out), plot_time_axes(res, out)]
     return paths + [p for p in extra if p]

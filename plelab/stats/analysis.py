@@ -25,6 +25,7 @@ from plelab.model.tables import table_view
 from plelab import stats
 from plelab.stats import blocked
 from plelab.stats.budget import token_budget
+from plelab.stats.wallclock import BUDGET, ood_vs_baseline, wallclock
 from plelab.sweeps.results import SweepResults
 from plelab.sweeps.spec import CURVE_CONTROLS
 
@@ -248,7 +249,7 @@ def analyse(res: SweepResults) -> dict:
     for fam in curve_families:
         names = _curve(res, fam)
         curves[fam] = _family(res, list(zip(names, names[1:])), methods=methods, name=f"{fam}_consecutive")
-    others = [a.name for a in spec.arms if a.family != "dP" and a.alias_of is None]
+    others = [a.name for a in spec.arms if a.family not in ("dP", BUDGET) and a.alias_of is None]
     vs_base.update({c.b: c for c in _family(res, [(spec.baseline, a) for a in others], steps=False, many_to_one=True,
                                             methods=methods, name="controls_vs_baseline")})
     rows = arm_rows(res, vs_base)
@@ -258,6 +259,9 @@ def analyse(res: SweepResults) -> dict:
         extra = (added[c.b] - added[c.a]) / 1e6
         per_m[(c.a, c.b)] = -c.mean / extra if extra > 0 else None
         c.reason += f"; gain per added M params {per_m[(c.a, c.b)]:+.4f} nats" if extra > 0 else ""
+    ood, how = ood_vs_baseline(res)
+    if ood:
+        methods["ood_vs_baseline"] = how
     sensitivity = {}
     for name, comps, steps in (("vs_baseline", [vs_base[a] for a in main[1:] if a in vs_base], False),
                                ("consecutive", consecutive, True)):
@@ -276,4 +280,6 @@ def analyse(res: SweepResults) -> dict:
         "methods": methods,
         "sensitivity": sensitivity,
         "token_budget": token_budget(res),
+        "wallclock": wallclock(res),
+        "ood_vs_baseline": ood,
     }

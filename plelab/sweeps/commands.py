@@ -25,20 +25,21 @@ from plelab.sweeps.records import copy_records, record_path, sweep_roots
 from plelab.sweeps.results import collect
 from plelab.sweeps.cluster import emit_scripts
 from plelab.sweeps.runner import RunJob, folder_done, jobs_of, record_finished, run_sweep, say
-from plelab.sweeps.spec import (CONTROLS, DEFAULT_LAST_K, DP_DELTA, Arm, SweepSpec, aux_arm, check_size, dp_arms,
-                                load_spec, merge_spec)
+from plelab.sweeps.spec import (CONTROLS, DEFAULT_LAST_K, DP_DELTA, Arm, SweepSpec, aux_arm, budget_arm, check_size,
+                                dp_arms, load_spec, merge_spec)
 
 DEFAULT_PRESET = "cpu-sweep"
 # dp_spec's arguments; plelab sweep's parsed options carry the same names
 SPEC_OPTIONS = ("preset", "config", "overrides", "gate", "dp", "seeds", "seed_list", "controls", "control_dp",
-                "variants", "aux", "steps", "data", "delta", "last_k", "lr_from")
+                "variants", "aux", "budgets", "steps", "data", "delta", "last_k", "lr_from")
 
 
 def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides: Sequence[str] = (),
             gate: str | None = None, dp: Sequence[int] | None = None, seeds: int = 3,
             seed_list: Sequence[int] | None = None, controls: Sequence[str] | str = (), control_dp: int | None = None,
             variants: Mapping[str, Sequence[str]] | Sequence[tuple[str, Sequence[str]]] | None = None,
-            aux: Sequence[str] = (), steps: int | None = None, data: str | None = None, delta: float | None = None,
+            aux: Sequence[str] = (), budgets: Sequence[float] = (), steps: int | None = None, data: str | None = None,
+            delta: float | None = None,
             last_k: int | None = None, lr_from: str | Path | None = None, lrs: Mapping[str, float] | None = None,
             existing: SweepSpec | None = None) -> SweepSpec:
     """The :class:`SweepSpec` of a dP study (validated, nothing written).
@@ -49,7 +50,9 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
     ``seed_list``; ``controls`` (names, or ``"all"``) at ``control_dp``; ``variants``: name -> overrides (a
     dict or pairs), an arm family crossed with every dP > 0; ``aux``: arms of the table family's other kinds, each
     ``KIND[:KEY=VALUE...]`` (``"value"``, ``"ngram:rows=2003:heads=2"``; :func:`~plelab.sweeps.spec.aux_arm`;
-    ``ngram:match=D`` sizes the n-gram table to PLE at dP D's added parameters: :func:`matched_aux`). ``delta`` (the
+    ``ngram:match=D`` sizes the n-gram table to PLE at dP D's added parameters: :func:`matched_aux`); ``budgets``:
+    multiples m > 1 of the steps at which the baseline also trains (its budget ladder, ``dp0-x1.25``, …: the
+    wall-clock reading of :mod:`plelab.stats.wallclock`). ``delta`` (the
     margin δ, nats) and ``last_k`` (a run's loss = the mean of its last k evaluations) go into the analysis plan;
     left out, they are ``existing``'s, or plelab's defaults for a new sweep (δ: :data:`~plelab.sweeps.spec.DP_DELTA`,
     from the question). ``lrs`` (group -> learning rate: ``baseline``, ``dP`` and each control family) or
@@ -99,6 +102,9 @@ def dp_spec(*, preset: str | None = None, config: ConfigSource = None, overrides
     arms = dp_arms(dims, controls, control_dp, {k: list(v) for k, v in dict(variants or {}).items()},
                    matched_ref=matched_ref, trunk_widths=widths,
                    aux=[parse_aux(matched_aux(text, base)) for text in aux])
+    if len(set(budgets)) != len(budgets):
+        raise ConfigError(f"--budgets {','.join(f'{m:g}' for m in budgets)} repeats a multiple; give each once")
+    arms += [budget_arm(float(m), run_steps) for m in sorted(budgets)]
     if delta <= 0:
         raise ConfigError(f"--delta must be > 0 (the smallest effect of interest in nats), got {delta}")
     if lr_from is not None:

@@ -48,7 +48,8 @@ def arm_deltas(arm: Arm) -> list[tuple[str, Any]]:
 
 def run_config(spec: SweepSpec, arm: Arm, seed: int, study: str | None = None) -> RunConfig:
     """The arm's config at ``seed``: the base config with the arm's typed deltas, the seed and the sweep's step
-    budget (which wins, as ``steps`` does in :func:`plelab.config.resolve_config`).
+    budget (which wins, as ``steps`` does in :func:`plelab.config.resolve_config`, except over an arm that sets
+    ``train.steps`` itself: the baseline's budget ladder, :func:`~plelab.sweeps.spec.budget_arm`).
 
     An arm that leaves ``train.precision`` at ``auto`` trains in the study's precision ``study`` (resolved once per
     sweep by :func:`sweep_precision`; without it, the study rule, as for a sweep's unstarted runs read by a report);
@@ -58,7 +59,7 @@ def run_config(spec: SweepSpec, arm: Arm, seed: int, study: str | None = None) -
     for key, value in deltas:
         set_value(cfg, key, value)
     cfg.seed = seed
-    if spec.steps is not None:
+    if spec.steps is not None and not any(key == "train.steps" for key, _ in deltas):  # a budget arm's own wins
         cfg.train.steps = spec.steps
     cfg = portable(cfg)
     sync_hf_trunk(cfg, {key for key, _ in deltas})

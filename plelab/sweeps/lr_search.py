@@ -28,7 +28,7 @@ import numpy as np
 from plelab.config import resolve_config
 from plelab.errors import ConfigError, PlelabError
 from plelab.io import atomic_write, write_json
-from plelab.sweeps.spec import Arm, SweepSpec
+from plelab.sweeps.spec import BUDGET, Arm, SweepSpec
 
 DEFAULT_MULTS = (0.5, 1.0, 2.0)
 DEFAULT_SEEDS = (1000,)
@@ -46,7 +46,7 @@ def groups(study: SweepSpec, at_dp: int | None = None) -> dict[str, Arm]:
     if at not in positive:
         raise ConfigError(f"--at-dp {at} is not one of the study's dP values {positive}")
     out = {"baseline": study.arm(study.baseline)}
-    for fam in dict.fromkeys(a.family for a in study.runnable()):
+    for fam in dict.fromkeys(a.family for a in study.runnable() if a.family != BUDGET):  # budgets: the baseline's
         arms = [a for a in study.runnable() if a.family == fam and a.name != study.baseline]
         if arms:
             out[fam] = next((a for a in arms if int(a.x) == at), arms[0])
@@ -152,7 +152,7 @@ def with_lrs(arms: list[Arm], baseline: str, lrs: dict[str, float]) -> list[Arm]
     out = []
     for a in arms:
         name = a.alias_of or a.name  # an alias keeps its target's rate: it stands for the same config
-        group = "baseline" if name == baseline else family.get(name, a.family)
+        group = "baseline" if name == baseline or a.family == BUDGET else family.get(name, a.family)
         if a.alias_of is None and group not in lrs:
             raise ConfigError(f"the learning-rate choice has no rate for the {group} arms ({a.name}); rerun "
                               "plelab lr-search for this study's arms")

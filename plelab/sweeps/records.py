@@ -7,7 +7,9 @@ sweep's report reads from it is small. A record keeps exactly that::
     SWEEP/records/{arm}/seed-{k}.json.gz
     {"format": "plelab-run-record", "version": 1,
      "summary": summary.json,
-     "metrics": the metrics.jsonl rows as the report reads them: {step, val_loss}, {step, loss}, {step, diag},
+     "metrics": the metrics.jsonl rows as the report reads them: {step, val_loss}, {step, ood_loss}, {step, loss},
+                {step, diag},
+     "step_seconds": the median training step's wall time (records written before it: absent),
      "checkpoints": {step: {"diagnostics": diagnostics.json or null, "row_counts": [...] or null}},
      "plan": the run's plan.json (the sweep's analysis plan hash, when it was declared and the run prepared) or null}
 
@@ -84,10 +86,19 @@ def _report_rows(rows: list[dict]) -> list[dict]:
     for r in rows:
         if "step" not in r:
             continue
-        for key in ("val_loss", "loss", "diag"):
+        for key in ("val_loss", "ood_loss", "loss", "diag"):
             if key in r:
                 out.append({"step": r["step"], key: r[key]})
     return out
+
+
+def median_step_seconds(rows: list[dict], skip: int = 5) -> float | None:
+    """The median training step's wall time (s) from the metrics rows (each step's tokens over its tokens/s; the
+    first ``skip`` steps, warming up, left out): the step time the wall-clock comparison reads, without the
+    evaluations and checkpoint diagnostics a run also spends time on. None when the rows do not say."""
+    times = [r["tokens"] / r["step"] / r["tokens_per_second"] for r in rows
+             if r.get("step", 0) > skip and r.get("tokens") and r.get("tokens_per_second")]
+    return float(np.median(times)) if times else None
 
 
 def write_record(run: Path, steps: tuple[int, ...]) -> Path:
@@ -108,8 +119,9 @@ def write_record(run: Path, steps: tuple[int, ...]) -> Path:
         plan = json.loads((run / RUN_PLAN).read_text())
     except (OSError, ValueError):
         plan = None  # a run of a sweep made before plelab fixed analysis plans
-    body = {"format": FORMAT, "version": VERSION, "summary": summary,
-            "metrics": _report_rows(read_jsonl(run / "metrics.jsonl")), "checkpoints": ckpts, "plan": plan}
+    rows = read_jsonl(run / "metrics.jsonl")
+    body = {"format": FORMAT, "version": VERSION, "summary": summary, "metrics": _report_rows(rows),
+            "step_seconds": median_step_seconds(rows), "checkpoints": ckpts, "plan": plan}
     data = gzip.compress(json.dumps(json_safe(body), separators=(",", ":")).encode(), mtime=0)
     return atomic_write(record_path(run), lambda p: p.write_bytes(data))
 

@@ -22,8 +22,8 @@ from plelab.diagnostics.tables import find_table
 from plelab.errors import PlelabError
 from plelab.integrations.hosts import host_accounting
 from plelab.model.accounting import account
-from plelab.sweeps.records import (checkpoint_row_counts, read_checkpoint_diagnostics, read_jsonl, read_record,
-                                   record_path)
+from plelab.sweeps.records import (checkpoint_row_counts, median_step_seconds, read_checkpoint_diagnostics,
+                                   read_jsonl, read_record, record_path)
 from plelab.sweeps.runner import RunJob, data_key, folder_done, jobs_of, run_config, run_state
 from plelab.sweeps.spec import SweepSpec, load_spec
 from plelab.training.task import load_kind
@@ -53,6 +53,9 @@ class RunResult:
     occurrences: dict = field(default_factory=dict)
     structure: dict = field(default_factory=dict)  # {"early": {...}, "final": {...}} cross-seed CKA vs null
     visual: dict = field(default_factory=dict)  # a visual run's caption report and ID metrics (summary.json)
+    ood_loss: float | None = None  # the mean of the last last_k data.ood evaluations (None: the run had no data.ood)
+    ood_history: list[tuple[int, float]] = field(default_factory=list)
+    step_seconds: float | None = None  # the median training step's wall time (records.median_step_seconds)
 
 
 def _mean_layers(values) -> float | None:
@@ -106,6 +109,7 @@ class _FolderRun:
         self.path = path
         self.fix = f"delete that run folder and its record {record_path(path)} and rerun the sweep to redo it"
         self.rows = read_jsonl(path / "metrics.jsonl")
+        self.step_seconds = median_step_seconds(self.rows)
         try:
             self.summary = json.loads((path / "summary.json").read_text())
         except (OSError, ValueError):
@@ -122,6 +126,7 @@ class _RecordedRun:
     def __init__(self, record: dict, path: Path):
         self.fix = f"delete the record {record_path(path)} and rerun the sweep to redo the run"
         self.rows, self.summary, self.ckpts = record.get("metrics", []), record.get("summary"), record["checkpoints"]
+        self.step_seconds = record.get("step_seconds")
 
     def checkpoint(self, step: int) -> tuple[dict | None, object]:
         found = self.ckpts.get(str(step)) or {}
@@ -151,7 +156,10 @@ def read_run(job: RunJob, last_k: int) -> RunResult:
         wall_seconds=wall, tokens_per_second=tps,
         signal=_signal(diag_rows[-1] if diag_rows else None), early_step=early, steps=tc.steps,
         gate_history=[(r["step"], g) for r in diag_rows if (g := _mean_layers(r["diag"].get("gate"))) is not None],
-        visual=summary.get("visual", {}))
+        visual=summary.get("visual", {}), step_seconds=source.step_seconds)
+    oods = [(r["step"], r["ood_loss"]) for r in rows if "ood_loss" in r]
+    if oods:
+        result.ood_history, result.ood_loss = oods, float(np.mean([v for _, v in oods[-last_k:]]))
     if job.cfg.ple.enabled:
         diag, counts = source.checkpoint(tc.steps)
         result.final_diag = _use(diag)

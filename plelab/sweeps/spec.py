@@ -57,6 +57,7 @@ CURVE_CONTROLS = ("frozen", "zero", "iid", "matched", "gate-scalar", "gate-vecto
 # The seed's loop starts from a shut gate: the scalar gate started near closed, and at exactly 0.
 SHUT_GATES = {"gate-scalar-small": 0.01, "gate-scalar-0": 0.0}
 SPEC_FILE = "sweep.json"
+BUDGET = "budget"  # the family of the baseline's longer runs (the budget ladder of the wall-clock reading)
 BOOST = 4.0
 TABLE_LR_FACTORS = (1 / 3, 3.0)
 GATE_INIT = 1.0  # the learned gates' initial value in the gate controls (ple.gate_init)
@@ -151,6 +152,15 @@ def aux_arm(kind: str, settings: dict[str, str] | None = None) -> Arm:
     return Arm(check_name(name, "arm name"), ["ple.dim=0", f"aux.kind={kind}",
                                                *(f"aux.{k}={v}" for k, v in settings.items())], kind, 0.0,
                description=f"no PLE; a {kind} table" + (f" ({described})" if described else ""))
+
+
+def budget_arm(multiple: float, steps: int, baseline: str = "dp0") -> Arm:
+    """The baseline trained ``multiple`` × its ``steps`` (a run of its own, with its own schedule): a point of the
+    budget ladder the wall-clock reading interpolates on (:mod:`plelab.stats.wallclock`), named ``dp0-x1.25``."""
+    if not multiple > 1:
+        raise PlelabError(f"--budgets takes multiples of the steps > 1 (the baseline itself is 1), got {multiple:g}")
+    return Arm(check_name(f"{baseline}-x{multiple:g}", "arm name"),
+               ["ple.dim=0", f"train.steps={round(multiple * steps)}"], BUDGET, float(multiple), description=f"baseline at {multiple:g}× the steps (budget ladder)")
 
 
 def aux_settings(arm: Arm) -> str:
@@ -248,11 +258,14 @@ def sweep_command(spec: SweepSpec, root: Path, seeds: int | None = None) -> str:
         parts += ["--controls", ",".join(controls)]
         if spec.control_dp is not None and {"table-lr", "boost", "trunk-params", "trunk-flops"} & set(controls):
             parts += ["--control-dp", str(spec.control_dp)]
-    for fam in sorted(families - set(CONTROLS) - set(AUX_KEYS) - {"dP"}):
+    for fam in sorted(families - set(CONTROLS) - set(AUX_KEYS) - {"dP", BUDGET}):
         extra = next(a.overrides[1:] for a in spec.arms if a.family == fam)
         parts += ["--variant", f"{fam}:{','.join(extra)}"]
     for arm in (a for a in spec.arms if a.family in AUX_KEYS):
         parts += ["--aux", aux_settings(arm)]
+    budgets = [a.x for a in spec.arms if a.family == BUDGET]
+    if budgets:
+        parts += ["--budgets", ",".join(f"{m:g}" for m in budgets)]
     if spec.steps is not None:
         parts += ["--steps", str(spec.steps)]
     for o in spec.overrides:

@@ -107,6 +107,8 @@ def step_line(row: dict, steps: int) -> str:
     parts = [f"step {row['step']:>{len(str(steps))}}/{steps}", f"loss {row['loss']:.4f}"]
     if "val_loss" in row:
         parts.append(f"val {row['val_loss']:.4f}")
+    if "ood_loss" in row:
+        parts.append(f"ood {row['ood_loss']:.4f}")
     parts += [f"lr {row['lr']:.2e}", f"gnorm {row['grad_norm']:.2f}", f"{row['tokens_per_second']:,.0f} tok/s",
               f"epoch {row['epoch']:.2f}"]
     if row.get("mfu") is not None:

@@ -115,6 +115,10 @@ class Task:
         """The validation loss (nats) after ``step`` optimizer steps."""
         raise NotImplementedError
 
+    def other_evaluations(self, model: nn.Module, step: int) -> dict[str, float]:
+        """More losses for an evaluation row beside ``val_loss`` (e.g. ``ood_loss``: ``data.ood``); {} by default."""
+        return {}
+
     def epochs(self, steps: int) -> float:
         raise NotImplementedError
 

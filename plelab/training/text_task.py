@@ -18,6 +18,7 @@ from torch import nn
 
 from plelab.config.schema import RunConfig
 from plelab.data.mixture import train_sampler
+from plelab.data.ood import ood_set
 from plelab.data.pipeline import prepare_token_data
 from plelab.data.tokens import CHUNK_CHARS, TokenData, data_val_windows
 from plelab.model.init import build_model
@@ -39,6 +40,10 @@ class TextTask(Task):
         tc = cfg.train
         self.sampler = train_sampler(data, tc.seq_len, cfg.seed)
         self.val = data_val_windows(data, tc.seq_len, tc.eval_batches * tc.batch_size)
+        #: data.ood's windows, scored at every evaluation beside the validation split (None: no OOD set)
+        self.ood = (ood_set(cfg.data.ood, data.tokenizer_json, tc.seq_len, len(self.val), data.corpus_fingerprint,
+                            cfg.data.text_field) if cfg.data.ood else None)
+        self.ood_loss: float | None = None
         self.tokens_per_step = tc.batch_size * tc.seq_len
         self.table_rows = cfg.ple.resolved_vocab_size(cfg.model) if cfg.ple.enabled else 0
         view = table_view(cfg.model, cfg.ple, cfg.aux)
@@ -100,6 +105,21 @@ class TextTask(Task):
         with self.env.autocast():
             return float(window_losses(model, self.val, self.env.micro_batch, self.env.device, self.iid,
                                        self.logits_of).mean())
+
+    def other_evaluations(self, model: nn.Module, step: int) -> dict[str, float]:
+        """``ood_loss``: mean next-token CE (nats) over data.ood's windows ({} without data.ood)."""
+        if self.ood is None:
+            return {}
+        with self.env.autocast():
+            self.ood_loss = float(window_losses(model, self.ood.windows, self.env.micro_batch, self.env.device,
+                                                self.iid, self.logits_of).mean())
+        return {"ood_loss": self.ood_loss}
+
+    def summary(self, model: nn.Module, step: int, counts: dict[str, torch.Tensor]) -> dict:
+        if self.ood is None:
+            return {}
+        return {"final_ood_loss": self.ood_loss, "ood": {"corpus": self.ood.name, "fingerprint": self.ood.fingerprint,
+                                                         "windows": len(self.ood.windows)}}
 
     def epochs(self, steps: int) -> float:
         return self.sampler.epochs(steps, self.cfg.train.batch_size)

@@ -342,6 +342,7 @@ class Trainer:
                     self.recent_losses = (self.recent_losses + [row["loss"]])[-tc.eval_every:]
                 if self.step % tc.eval_every == 0 or self.step == tc.steps:
                     row["val_loss"] = self.evaluate()
+                    row.update(self.task.other_evaluations(self.model, self.step))
                     self.val_history.append((self.step, row["val_loss"]))
                     if self.recent_losses:
                         row["train_val_gap"] = row["val_loss"] - sum(self.recent_losses) / len(self.recent_losses)
