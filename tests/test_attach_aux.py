@@ -111,7 +111,7 @@ def test_training_reaches_every_table_tensor_and_param_groups_hold_the_tables(ki
 @pytest.mark.parametrize("kind", KINDS)
 def test_save_pretrained_round_trip(tmp_path, family, kind):
     sizes = {"value": {"layers": [0, 1], "gate_channels": 8}, "ngram": {"orders": [2], "heads": 2, "rows": 101},
-             "modulation": {}}[kind]
+             "modulation": {"layers": [1]}}[kind]
     model = live(attach_table(host(family), kind, seed=4, **sizes), kind)
     x = ids(3)
     with torch.no_grad():
@@ -190,7 +190,8 @@ BAD = {
     "unknown kind": (dict(kind="ple"), "unknown table kind 'ple'"),
     "unknown init": (dict(kind="value", init="gemma"), "unknown value table init 'gemma'"),
     "another kind's size": (dict(kind="value", orders=[2]), "takes layers, gate_channels, not orders"),
-    "modulation has no sizes": (dict(kind="modulation", dim=4), "takes no sizes, not dim"),
+    "modulation takes layers only": (dict(kind="modulation", dim=4), "takes layers, not dim"),
+    "a modulated layer out of range": (dict(kind="modulation", layers=[0, 2]), "from 0 to 1"),
     "layer out of range": (dict(kind="value", layers=[2]), "from 0 to 1"),
     "repeated layers": (dict(kind="value", layers=[1, 1]), "distinct integers"),
     "gate wider than H": (dict(kind="value", gate_channels=H + 1), f"from 1 to {H}"),

@@ -352,6 +352,23 @@ def test_token_modulation_accounting_and_module_apply():
     assert "TokenModulation" in seen  # nn.Module.apply still walks into it
 
 
+def test_token_modulation_on_a_subset_of_layers():
+    """``layers`` sizes the table by V·H per modulated layer; the others get no modulation (None), and the table's
+    s-th block serves the s-th selected layer."""
+    mod = TokenModulation(10, 4, 3, layers=[2, 0])
+    assert mod.layers == (0, 2) and tuple(mod.embed.weight.shape) == (10, 8)
+    assert modulation.added_params(10, 4, 3, [2, 0]) == 80 == sum(p.numel() for p in mod.parameters())
+    mod.reset_parameters(torch.Generator().manual_seed(0), std=1.0, init="normal")
+    ids = torch.tensor([[1, 9]])
+    m = mod(ids)
+    assert m.shape == (1, 2, 2, 4) and mod.at(m, 1) is None
+    T = mod.embed.weight.detach()
+    assert torch.equal(mod.at(m, 0)[0, 1], T[9, :4]) and torch.equal(mod.at(m, 2)[0, 0], T[1, 4:])
+    assert modulation.added_params(10, 4, 3) == 120 and TokenModulation(10, 4, 3).layers == (0, 1, 2)
+    with pytest.raises(ValueError, match="distinct layer indices"):
+        TokenModulation(10, 4, 3, layers=[3])
+
+
 def test_token_modulation_refuses_bad_arguments():
     mod = TokenModulation(10, 8, 3)
     with pytest.raises(ValueError, match=r"ids \[B,T\]"):

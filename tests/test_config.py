@@ -107,7 +107,8 @@ def test_tagged_key_lists_equal_the_lists_kept_by_hand_before():
                                        "ids", "table", "table_scale", "table_scale_dim")),
              ("train", ("steps", "batch_size", "seq_len", "lr", "table_lr", "table_lr_mult", "weight_decay",
                         "table_weight_decay", "warmup_steps", "min_lr_ratio")),
-             ("data", ("path", "embedded", "mix", "tokenizer", "val_fraction", "tokenizer_sample_chars", "val_shard")),
+             ("data", ("path", "embedded", "mix", "tokenizer", "val_fraction", "tokenizer_sample_chars", "val_shard",
+                      "ood")),
              ("aux", ("kind", "init", "ids", "layers", "gate_channels", "orders", "heads", "rows", "rows_multiple", "dim",
                       "hash_seed"))]  # issue 56: the table family's kind and sizes
     assert keys_tagged("advise") == ("kind",) + tuple(s if keys is None else f"{s}.{k}" for s, keys in match for k in keys or [s])

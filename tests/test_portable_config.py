@@ -32,7 +32,11 @@ def places(tmp_path):
 
 def test_the_path_like_keys_are_tagged_in_the_schema_and_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert set(path_keys()) == {"data.path", "data.mix", "data.tokenizer", "visual.data", "model.hf_config"}
+    assert set(path_keys()) == {"data.path", "data.mix", "data.tokenizer", "data.ood", "visual.data",
+                                "model.hf_config"}
+    # data.ood names a built-in set or a file: the name is kept, a file made absolute
+    assert portable_override("data.ood=other-libraries") == "data.ood=other-libraries"
+    assert portable_override("data.ood=held/out.txt") == f"data.ood={Path.cwd()}/held/out.txt"
     here = str(Path.cwd())
     assert portable_override("data.path=c.txt") == f"data.path={here}/c.txt"
     assert portable_override(" data.mix = a.txt:0.7,sub/:0.3") == f"data.mix={here}/a.txt:0.7,{here}/sub:0.3"

@@ -76,6 +76,8 @@ def test_accounting_is_the_closed_form_by_hand():
     assert ngram.flops_per_token - trunk.flops_per_token == 6 * H * 4 * d
     modulation = account(mc, (c := _cfg("modulation")).ple, 64, c.aux)
     assert modulation.added == V * L * H and modulation.flops_per_token == trunk.flops_per_token
+    one = account(mc, (c := _cfg("modulation", "aux.layers=1")).ple, 64, c.aux)  # one modulated layer: V·H
+    assert one.added == V * H and one.groups["aux_table"] == V * H
     wide = resolve_config("cpu-tiny", ["aux.kind=ngram", "model.hidden_size=96", "aux.rows=1001", "aux.dim=7"], dp=0)
     assert account(wide.model, wide.ple, 64, wide.aux).groups["aux_table"] == 1001 * 7  # account asserts the rest
 
@@ -260,3 +262,17 @@ def test_an_ngram_run_hashes_each_micro_batch_once(tmp_path, tiny_data, monkeypa
     training = [shape for shape, grad in calls if grad]
     assert len(training) == micro and all(s == (cfg.train.batch_size // cfg.train.grad_accum, cfg.train.seq_len)
                                           for s in training), calls
+
+
+def test_modulation_on_a_subset_equals_every_layer_with_the_others_zero():
+    """aux.layers=1 modulates layer 1 alone: the same logits as modulating every layer with layer 0's block zero."""
+    sub = build_model((c := _cfg("modulation", "aux.layers=1")).model, c.ple, seed=3, ac=c.aux)
+    full = build_model((f := _cfg("modulation")).model, f.ple, seed=3, ac=f.aux)
+    H = c.model.hidden_size
+    with torch.no_grad():
+        sub.model.token_modulation.embed.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+        full.model.token_modulation.embed.weight.zero_()
+        full.model.token_modulation.embed.weight[:, H:2 * H] = sub.model.token_modulation.embed.weight
+        ids = torch.randint(0, c.model.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+        torch.testing.assert_close(sub(ids).logits, full(ids).logits, rtol=0, atol=0)
+    assert tuple(sub.model.token_modulation.embed.weight.shape) == (c.model.vocab_size, H)

@@ -21,7 +21,7 @@ AUX_KINDS: tuple[str, ...] = get_args(AuxKind)
 # the keys each kind reads (besides kind and init); a key of another kind set away from its default is refused
 AUX_KEYS = {"value": ("layers", "gate_channels"),
             "ngram": ("orders", "heads", "rows", "rows_multiple", "dim", "hash_seed"),
-            "modulation": ()}
+            "modulation": ("layers",)}
 
 
 @dataclass
@@ -39,6 +39,7 @@ class AuxConfig:
     # every lookup drawn i.i.d. from the real rows' frequencies (bucket frequencies for the n-gram table).
     ids: TableIds = field(default="token", metadata=_ADVISE)
     # value: the layers with a value embedding; empty = nanochat's rule (every other layer, the last included).
+    # modulation: the modulated layers; empty = every layer.
     layers: list[int] = field(default_factory=list, metadata=_ADVISE)
     # value: the channels of the attention input that the per-head gate 3·sigmoid(W x[..., :c]) reads (nanochat 12).
     gate_channels: int = field(default=12, metadata=_ADVISE)
@@ -66,7 +67,8 @@ class AuxConfig:
         _require(self.ids == "token" or self.extra, "aux.ids", self.ids, "token under aux.kind=ple (PLE's null "
                  "control is ple.ids=iid)")
         _require(all(0 <= layer < num_layers for layer in self.layers) and len(set(self.layers)) == len(self.layers),
-                 "aux.layers", self.layers, f"distinct layer indices in [0, {num_layers}), or empty for nanochat's rule")
+                 "aux.layers", self.layers, f"distinct layer indices in [0, {num_layers}), or empty (value: nanochat's rule; modulation: every "
+                 "layer)")
         _require(1 <= self.gate_channels <= hidden_size, "aux.gate_channels", self.gate_channels,
                  f"an integer from 1 to model.hidden_size ({hidden_size})")
         _require(bool(self.orders) and all(n >= 2 for n in self.orders) and len(set(self.orders)) == len(self.orders),
@@ -81,6 +83,8 @@ class AuxConfig:
         defaults = AuxConfig()
         for kind, keys in AUX_KEYS.items():
             for key in keys if kind != self.kind else ():
+                if key in AUX_KEYS.get(self.kind, ()):  # a key this kind reads too (layers: value and modulation)
+                    continue
                 if getattr(self, key) != getattr(defaults, key):
                     raise ConfigError(f"aux.{key}={getattr(self, key)!r} sizes the {kind} table, but aux.kind="
                                       f"{self.kind}: drop it, or set aux.kind={kind}")

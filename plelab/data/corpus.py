@@ -87,21 +87,23 @@ def _module_docstrings(path: Path) -> str:
     return "\n\n".join(docs)
 
 
-def _package_root(name: str, names: tuple[str, ...] = PACKAGE_CORPUS) -> Path:
+def _package_root(name: str, names: tuple[str, ...] | None = None) -> Path:
     """Where an installed package's source lies, found without importing it (a top-level ``find_spec`` runs no
-    package code)."""
+    package code). ``names``: the corpus it belongs to (None: :data:`PACKAGE_CORPUS`), for the message."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        what = ("data.embedded=packages" if names == PACKAGE_CORPUS else "data.ood=other-libraries")
+        what = "data.embedded=packages" if names is None else "data.ood=other-libraries"
+        names = PACKAGE_CORPUS if names is None else names
         raise PlelabError(f"{what} reads the docstrings of {', '.join(names)}, but {name} is not installed: pip "
                           f"install {DISTRIBUTIONS.get(name, name)}, or drop {what.split('=')[0]}")
     return Path(sorted(spec.submodule_search_locations)[0])
 
 
-def _package_versions(names: tuple[str, ...] = PACKAGE_CORPUS) -> list[list[str]]:
-    """``[[name, version, source folder], …]`` of ``names``: what identifies a corpus of their docstrings."""
+def _package_versions(names: tuple[str, ...] | None = None) -> list[list[str]]:
+    """``[[name, version, source folder], …]`` of ``names`` (None: :data:`PACKAGE_CORPUS`): what identifies a corpus
+    of their docstrings."""
     rows = []
-    for name in names:
+    for name in PACKAGE_CORPUS if names is None else names:
         root = _package_root(name, names)
         try:
             version = importlib.metadata.version(DISTRIBUTIONS.get(name, name))

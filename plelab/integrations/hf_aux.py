@@ -8,8 +8,8 @@ in place, under the names plelab's own decoder uses (:mod:`plelab.model.transfor
                 flattened to v_proj's output [B,T,n_kv·hd] — before the cache and attention see v
     ngram       model.ngram_embedding   (HashedNgramEmbedding): y = W_proj concat_s E[hash_s(ids)] once per
                 base-model forward; a forward pre-hook on each decoder layer adds λ_l·y to its hidden_states
-    modulation  model.token_modulation  (TokenModulation): a forward hook on each layer's mlp scales its output
-                by (1 + M[ids]_l)
+    modulation  model.token_modulation  (TokenModulation): a forward hook on each selected layer's mlp scales its
+                output by (1 + M[ids]_l)
 
 Per-call state (ids, y, M) lives in a frame opened by a pre-hook on the base model and closed by an always-called
 hook: nothing outlives the forward. With a KV cache the n-gram hash reaches back into the cached positions through
@@ -42,7 +42,7 @@ TABLE_CONFIG_KEY, ATTACHMENT = hf.TABLE_CONFIG_KEY, hf.TABLE_ATTACHMENT  # the c
 MODULES = {"value": ValueEmbeddings, "ngram": HashedNgramEmbedding, "modulation": TokenModulation}
 ATTRIBUTES = {"value": "value_embeddings", "ngram": "ngram_embedding", "modulation": "token_modulation"}
 SIZES = {"value": ("layers", "gate_channels"), "ngram": ("orders", "heads", "rows", "dim", "hash_seed"),
-         "modulation": ()}
+         "modulation": ("layers",)}
 
 
 def _int(value, what: str, low: int, high: int | None = None) -> int:
@@ -86,7 +86,9 @@ def _sizes(kind: str, sizes: dict, vocab: int, hidden: int, num_layers: int) -> 
         dim = max(1, hidden // (len(orders) * heads)) if dim is None else _int(dim, "n-gram dim", 1)
         return {"orders": orders, "heads": heads, "rows": rows, "dim": dim,
                 "hash_seed": _int(sizes.get("hash_seed", 0), "hash_seed", 0, 2 ** 63 - 1)}
-    return {}
+    layers = sizes.get("layers")
+    return {"layers": (list(range(num_layers)) if layers is None
+                       else sorted(_ints(layers, "modulated layers", 0, num_layers - 1)))}
 
 
 def _value_heads(text, layers: nn.ModuleList, chosen: list[int]) -> tuple[int, int]:
@@ -146,7 +148,7 @@ class TableAttachment:
             self.handles += [layer.register_forward_pre_hook(self._ngram(i), with_kwargs=True)
                              for i, layer in enumerate(layers)]
         else:
-            self.handles += [layer.mlp.register_forward_hook(self._modulation(i)) for i, layer in enumerate(layers)]
+            self.handles += [layers[i].mlp.register_forward_hook(self._modulation(i)) for i in module.layers]
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -226,7 +228,7 @@ class TableAttachment:
     def _modulation(self, index: int):
         def hook(mlp, args, out):
             m = self._term()
-            return out if m is None else TokenModulation.modulate(out, m[:, :, index])
+            return out if m is None else TokenModulation.modulate(out, self.module.at(m, index))
         return hook
 
 
@@ -237,7 +239,7 @@ def attach_table(model: nn.Module, kind: str, *, init: str = "function-preservin
 
     Sizes — value: ``layers`` (default nanochat's rule: every other layer, the last included), ``gate_channels``
     (12); ngram: ``orders`` ([2, 3]), ``heads`` (1), ``rows`` (the smallest prime >= 5·V), ``dim``
-    (H // (len(orders)·heads)), ``hash_seed`` (0); modulation: none. ``init``: ``function-preserving`` (the logits
+    (H // (len(orders)·heads)), ``hash_seed`` (0); modulation: ``layers`` (every layer). ``init``: ``function-preserving`` (the logits
     equal the host's at step 0) or ``native`` / the source's name (value: nanochat, ngram: modded, modulation:
     normal). ``seed``: the table's init (the host's weights are not touched). ``freeze_host``: only the table trains.
     """
@@ -275,7 +277,7 @@ def attach_table(model: nn.Module, kind: str, *, init: str = "function-preservin
                                           heads=resolved["heads"], rows=resolved["rows"], dim=resolved["dim"],
                                           seed=resolved["hash_seed"])
         else:
-            module = TokenModulation(vocab, hidden, num_layers)
+            module = TokenModulation(vocab, hidden, num_layers, layers=resolved["layers"])
     # nanochat's value tables use std H^-½ (its n_embd^-½), the others the host's initializer_range (as init_aux)
     std = hidden ** -0.5 if kind == "value" else float(getattr(text, "initializer_range", 0.02))
     module.reset_parameters(generator=torch.Generator().manual_seed(seed), std=std, init=init)

@@ -102,7 +102,7 @@ def aux_counts(mc: ModelConfig, ac: AuxConfig | None) -> tuple[int, int, int]:
         total = ngram.added_params(*numbers)
         matmul = ngram.flops_per_token(*numbers) // 2  # the projection
         return total - matmul - L, matmul + L, matmul
-    return modulation.added_params(V, H, L), 0, 0
+    return modulation.added_params(V, H, L, ac.layers or None), 0, 0
 
 
 def closed_form_counts(mc: ModelConfig, pc: PLEConfig, ac: AuxConfig | None = None) -> dict[str, int]:

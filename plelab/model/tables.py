@@ -7,7 +7,7 @@ Every kind of the family keeps its rows in one tensor whose columns are ``layers
     ple         model.embed_tokens_per_layer.weight     Vp     L             dP            token ids (Gemma's rule)
     value       model.value_embeddings.embed.weight     V      |aux.layers|  n_kv·head_dim token ids
     ngram       model.ngram_embedding.embed.weight      R      1             d             hash buckets [B,T,S]
-    modulation  model.token_modulation.embed.weight     V      L             H             token ids
+    modulation  model.token_modulation.embed.weight     V      |aux.layers|  H             token ids
 
 so the per-layer structure, the cross-seed agreement and the row-permutation use test run on each as they run on
 PLE's table, with bucket counts in place of token counts for the n-gram table.
@@ -23,6 +23,7 @@ from torch import nn
 from plelab.config.aux_schema import AuxConfig
 from plelab.config.schema import ModelConfig, PLEConfig
 from plelab.model.init import aux_modules, build_aux_alone
+from plelab.model.modulation import selected_layers
 from plelab.model.ngram import HashedNgramEmbedding, ngram_ids, resolve_sizes
 from plelab.model.ple import TABLE_KEY, PLEModules
 from plelab.model.transformer import AUX_ATTRIBUTES
@@ -55,7 +56,7 @@ def table_view(mc: ModelConfig, pc: PLEConfig, ac: AuxConfig | None = None) -> T
     if ac.kind == "ngram":
         _, rows, dim = resolve_sizes(V, H, ac.orders, ac.heads, ac.rows, ac.dim, ac.rows_multiple)
         return TableView("ngram", key, rows, 1, dim, "bucket")
-    return TableView("modulation", key, V, L, H)
+    return TableView("modulation", key, V, len(selected_layers(L, ac.layers)), H)
 
 
 def model_table(model: nn.Module) -> tuple[nn.Parameter, int, int]:
@@ -68,8 +69,7 @@ def model_table(model: nn.Module) -> tuple[nn.Parameter, int, int]:
         return ple.table, ple.num_layers, ple.dim
     module = found[0]
     weight = module.embed.weight
-    layers = len(module.layers) if isinstance(module, ValueEmbeddings) else 1 if isinstance(
-        module, HashedNgramEmbedding) else module.num_layers
+    layers = 1 if isinstance(module, HashedNgramEmbedding) else len(module.layers)  # value, modulation: selected
     return weight, layers, weight.shape[1] // layers
 
 

@@ -22,7 +22,7 @@ The other kinds of the table family (``aux.kind``; with ``dP = 0``) enter as the
 
     value       layer l in aux.layers: v ← v + 3·sigmoid(W_g,l x[..., :c]) ⊙ VE_l[x]   model.value_embeddings.*
     ngram       before layer l:         h ← h + λ_l · W_proj concat_s E[hash_s(x)]     model.ngram_embedding.*
-    modulation  layer l's MLP update:   h ← h + MLP(RMSNorm(h)) ⊙ (1 + M[x]_l)          model.token_modulation.*
+    modulation  layer l in aux.layers:  h ← h + MLP(RMSNorm(h)) ⊙ (1 + M[x]_l)          model.token_modulation.*
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def build_aux(mc: ModelConfig, ac: AuxConfig) -> nn.Module | None:
         return HashedNgramEmbedding(V, H, L, orders=ac.orders, heads=ac.heads, dim=ac.dim, seed=ac.hash_seed,
                                     rows=ac.rows if ac.rows is not None else ngram_rows(V, ac.rows_multiple))
     if ac.kind == "modulation":
-        return TokenModulation(V, H, L)
+        return TokenModulation(V, H, L, layers=ac.layers or None)
     return None
 
 
@@ -195,7 +195,7 @@ class PLETextModel(nn.Module):
             if y is not None:
                 h = h + self.ngram_embedding.layer_term(y, i)
             ve = (lambda x, i=i: values(x, input_ids, i, rows)) if values is not None and i in values.layers else None
-            m = M[:, :, i] if M is not None else None
+            m = self.token_modulation.at(M, i) if M is not None else None
             if recompute:
                 h = checkpoint(layer, h, cos, sin, p, None, i, ve, m, use_reentrant=False)
             else:

@@ -144,7 +144,7 @@ def matched_aux(text: str, base: RunConfig) -> str:
         return text
     if kind.strip() != "ngram":
         raise ConfigError(f"--aux {text!r}: match= sizes a table by its row count, which only the n-gram table has; "
-                          "size a value table by aux.layers, and a modulation table is V·L·H (plelab params --aux)")
+                          "size a value or a modulation table by aux.layers (plelab params --aux counts them)")
     rest = [p for p in parts if p not in match]
     try:
         dp = int(match[0].partition("=")[2])
