@@ -86,5 +86,7 @@ class AuxConfig:
                 if key in AUX_KEYS.get(self.kind, ()):  # a key this kind reads too (layers: value and modulation)
                     continue
                 if getattr(self, key) != getattr(defaults, key):
-                    raise ConfigError(f"aux.{key}={getattr(self, key)!r} sizes the {kind} table, but aux.kind="
-                                      f"{self.kind}: drop it, or set aux.kind={kind}")
+                    readers = [k for k, read in AUX_KEYS.items() if key in read]  # layers: value and modulation
+                    raise ConfigError(f"aux.{key}={getattr(self, key)!r} sizes the {' or '.join(readers)} table, "
+                                      f"but aux.kind={self.kind}: drop it, or set aux.kind="
+                                      f"{' or aux.kind='.join(readers)}")
