@@ -374,7 +374,7 @@ def test_report_needs_the_baseline(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_demo_quick_writes_the_report(tmp_path, capsys, tiny_data):
-    assert main(["demo", "--quick", "--out", str(tmp_path / "d"), "--no-progress", "--jobs", "2",
+    assert main(["demo", "--quick", "--out", str(tmp_path / "d"), "--no-progress", "--jobs", "1",
                  "--precision", "fp32"]) == 0
     out = capsys.readouterr().out
     for part in ("d", "d/visual"):  # --precision reaches both studies' definitions and every run
