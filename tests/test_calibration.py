@@ -418,3 +418,21 @@ def test_a_benchmark_folder_may_gain_dims_but_not_change_its_settings():
     changed = regime_spec(Benchmark(dims=[4, 8, 16]), "h32", "embedded")
     changed.arms[0].overrides = [*changed.arms[0].overrides, "train.lr=1e-3"]  # a finished arm, redefined
     assert not extends(old, changed)
+
+
+def test_held_out_by_mechanism_fits_on_ple_and_scores_each_other_kind_by_configuration():
+    from dataclasses import replace
+
+    from plelab.calibration.evaluate import mechanism_rates
+    ple = [_call("real-dp16", 20.0, True), _call("real-dp4", 30.0, True), _call("iid-dp16", 0.0, False, "iid"),
+           _call("iid-dp4", 1.0, False, "iid")]
+    # the n-gram table's real configuration scores high (a positive) and so does its i.i.d. one: thresholds fitted on
+    # PLE call the i.i.d. one positive too — a false positive that only the held-out-by-mechanism rates show
+    ngram = [replace(_call("ngram-real", 50.0, True), mechanism="ngram"),
+             replace(_call("ngram-iid", 40.0, False, "iid"), mechanism="ngram"),
+             replace(_call("ngram-iid", 42.0, False, "iid"), seeds=[1, 2], mechanism="ngram")]  # one config, 2 calls
+    out = mechanism_rates(ple + ngram, rule="minmax")
+    assert list(out) == ["ngram"] and len(out["ngram"]) == 1
+    r = out["ngram"][0]
+    assert r["fraction"] == 0.5 and r["positives"] == 1 and r["negatives"] == 1  # configurations, not calls
+    assert r["false_negatives"] == 0 and r["false_positives"] == 1

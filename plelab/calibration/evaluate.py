@@ -235,12 +235,16 @@ def held_out_units(calls: list[Call], scheme: str, score: Callable[[Call], float
     for group in sorted({key(c) for c in calls if where(c)}):
         train = [c for c in known if key(c) != group]
         th = fit([score(c) for c in train], [c.truth for c in train], floor, [config_key(c) for c in train])
-        mine: dict[tuple, list] = {}
-        for c in calls:
-            if key(c) == group and where(c):
-                mine.setdefault(config_key(c), []).append((c, decide(score(c), th)))
-        units += [unit_of(k, preds[0][0].cls, preds, score) for k, preds in sorted(mine.items())]
+        units += decided_units([c for c in calls if key(c) == group and where(c)], th, score)
     return units
+
+
+def decided_units(calls: list[Call], th, score: Callable[[Call], float] = lambda c: c.score) -> list[Unit]:
+    """``calls`` decided with the thresholds ``th`` and grouped into their configurations (one unit each)."""
+    mine: dict[tuple, list] = {}
+    for c in calls:
+        mine.setdefault(config_key(c), []).append((c, decide(score(c), th)))
+    return [unit_of(k, preds[0][0].cls, preds, score) for k, preds in sorted(mine.items())]
 
 
 def rates(units: list[Unit]) -> Rates:
@@ -373,12 +377,8 @@ def mechanism_rates(calls: list[Call], rule: str = "quantile") -> dict[str, list
         th = RULES[rule]([c.score for c in train], [c.truth for c in train], NULL_FLOOR,
                          [config_key(c) for c in train])
         for mech in sorted({c.mechanism for c in at} - {"ple"}):
-            mine: dict[tuple, list] = {}
-            for c in at:
-                if c.mechanism == mech:
-                    mine.setdefault(config_key(c), []).append((c, decide(c.score, th)))
-            units = [unit_of(k, preds[0][0].cls, preds, lambda c: c.score) for k, preds in sorted(mine.items())]
             theirs = [c for c in at if c.mechanism == mech]
+            units = decided_units(theirs, th)
             out.setdefault(mech, []).append({"fraction": f, "tokens": int(np.median([c.tokens for c in theirs])),
                                              "tokens_per_row": float(np.median([c.tokens_per_row for c in theirs])),
                                              **rates(units).to_dict()})
