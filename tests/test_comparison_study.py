@@ -89,6 +89,16 @@ def test_the_ood_set_is_the_other_libraries_encoded_with_the_runs_tokenizer(tiny
         ood_set("other-libraries", None, 32, 16, tiny_data.corpus_fingerprint)
     with pytest.raises(PlelabError, match="is the training corpus itself"):
         ood_set("other-libraries", tiny_data.tokenizer_json, 32, 16, ood.fingerprint)
+    with pytest.raises(PlelabError, match="data.ood=/no/such.txt does not exist"):
+        ood_set("/no/such.txt", tiny_data.tokenizer_json, 32, 16, tiny_data.corpus_fingerprint)
+
+
+def test_a_missing_ood_path_is_one_line_before_any_run_folder(tmp_path, capsys):
+    assert main(["train", "--preset", "cpu-tiny", "--steps", "2", "--set", f"data.ood={tmp_path}/none.txt",
+                 "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "data.ood=" in err and "does not exist" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_data_ood_is_scored_at_every_evaluation_and_kept_in_the_summary(tmp_path, tiny_data):

@@ -11,6 +11,7 @@ same windows for every run with the same tokenizer, so an arm's OOD loss is pair
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -42,6 +43,9 @@ def ood_set(ood: str, tokenizer_json: str | None, seq_len: int, max_windows: int
     if tokenizer_json is None:
         raise PlelabError("data.ood needs the run's tokenizer to encode its text, and these token shards came without "
                           "one: pass --tokenizer tokenizer.json (the one the shards were made with), or drop data.ood")
+    if ood != OTHER_LIBRARIES and not Path(ood).exists():
+        raise PlelabError(f"data.ood={ood} does not exist: give {OTHER_LIBRARIES} or a path to text from outside the "
+                          "training corpus")
     corpus = other_libraries_corpus() if ood == OTHER_LIBRARIES else load_corpus(ood, text_field)
     if corpus.fingerprint == train_fingerprint:
         raise PlelabError(f"data.ood={ood} is the training corpus itself: give text from outside it (or "
