@@ -110,3 +110,23 @@ def test_a_model_without_a_table_is_one_line(tmp_path):
         plelab.Monitor(tiny_host(), tmp_path)
     assert "needs a model with a token-indexed table" in str(err.value) and "\n" not in str(err.value)
     assert not any(tmp_path.iterdir())
+
+
+def test_hf_trainer_callback_monitors_an_attached_ngram_table(tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    model = attach_table(tiny_host(), "ngram", init="native")
+    data = [{"input_ids": w, "labels": w} for w in windows(3, 16)]
+    monitor = plelab.Monitor(model, tmp_path / "mon", every=2, checkpoint_every=4, val_windows=windows(7, 4))
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, max_steps=4,
+                             learning_rate=1e-2, report_to=[], save_strategy="no", use_cpu=True, logging_steps=1,
+                             disable_tqdm=True)
+    opt = plelab.adamw(plelab.param_groups(model, lr=1e-2))
+    Trainer(model=model, args=args, train_dataset=data, optimizers=(opt, None),
+            callbacks=[plelab.integrations.HFTrainerCallback(monitor)]).train()
+    rows = [json.loads(x) for x in (tmp_path / "mon" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "diag" in r] == [2, 4]
+    assert all(r["diag"]["table_grad_norm"] > 0 for r in rows if "diag" in r)
+    saved = json.loads((tmp_path / "mon" / "checkpoints" / "step-000004" / "diagnostics.json").read_text())
+    assert saved["use"]["permute"]["windows"] == 4
+    assert not model.model.ngram_embedding.embed._forward_hooks  # on_train_end closed the monitor
