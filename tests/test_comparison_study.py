@@ -68,6 +68,19 @@ def test_wallclock_pairs_each_arm_with_the_baseline_at_its_step_time():
     assert out["arms"]["ngram-rows1031"]["worth_above"] == 3  # 0.2 below: more than the ladder's largest budget
 
 
+def test_a_seed_without_its_whole_ladder_is_left_out_not_read_past_its_end():
+    """A report read mid-study: seed 2 has no 1.5× run yet, so it has no ladder to read an arm at 1.4× on."""
+    arms = [Arm("dp0", ["ple.dim=0"], "dP", 0), Arm("dp8", ["ple.dim=8"], "dP", 8),
+            Arm("dp0-x1.25", ["ple.dim=0", "train.steps=10"], "budget", 1.25),
+            Arm("dp0-x1.5", ["ple.dim=0", "train.steps=12"], "budget", 1.5)]
+    spec = SweepSpec(preset="cpu-tiny", arms=arms, seeds=[0, 1, 2], delta=0.01)
+    res = SimpleNamespace(spec=spec, runs={
+        "dp0": {s: _run(3.0, 1.0) for s in (0, 1, 2)}, "dp0-x1.25": {s: _run(2.95, 1.0) for s in (0, 1, 2)},
+        "dp0-x1.5": {s: _run(2.9, 1.0) for s in (0, 1)}, "dp8": {s: _run(2.93, 1.4) for s in (0, 1, 2)}})
+    out = wallclock(res)
+    assert out["arms"]["dp8"]["seeds"] == 2 and out["arms"]["dp8"]["n"] == 2
+
+
 def test_budget_arms_in_a_spec_and_its_command(tmp_path):
     spec = dp_spec(preset="cpu-tiny", dp=[0, 8], aux=["value"], budgets=[1.5, 1.25], steps=8)
     budget = [a for a in spec.arms if a.family == "budget"]

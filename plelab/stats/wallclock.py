@@ -35,8 +35,7 @@ from plelab import stats
 from plelab.config.aux_schema import AUX_KEYS
 from plelab.stats import blocked
 from plelab.sweeps.results import SweepResults
-
-BUDGET = "budget"  # the family of the baseline's longer runs
+from plelab.sweeps.spec import BUDGET
 
 
 def table_arms(res: SweepResults) -> list[str]:
@@ -47,16 +46,12 @@ def table_arms(res: SweepResults) -> list[str]:
 
 
 def ladder(res: SweepResults) -> dict[int, list[tuple[float, float]]]:
-    """Each seed's ``[(m, loss), ...]``: the baseline (m = 1) and its budget arms, sorted by m (seeds with the
-    baseline and at least one budget only)."""
+    """Each seed's ``[(m, loss), ...]``: the baseline (m = 1) and every budget arm, sorted by m — only the seeds
+    whose ladder is complete (a study's report is also read while its runs are still coming in)."""
     base = res.runs.get(res.spec.baseline, {})
     budgets = [a for a in res.spec.arms if a.family == BUDGET and a.name in res.runs]
-    out = {}
-    for seed, run in base.items():
-        points = [(1.0, run.loss)] + [(a.x, res.runs[a.name][seed].loss) for a in budgets if seed in res.runs[a.name]]
-        if len(points) > 1:
-            out[seed] = sorted(points)
-    return out
+    return {seed: sorted([(1.0, run.loss)] + [(a.x, res.runs[a.name][seed].loss) for a in budgets])
+            for seed, run in base.items() if budgets and all(seed in res.runs[a.name] for a in budgets)}
 
 
 def loss_at(points: list[tuple[float, float]], m: float) -> float | None:
@@ -94,9 +89,10 @@ def wallclock(res: SweepResults) -> dict:
                   if res.runs[arm][s].step_seconds and base[s].step_seconds]
         entry: dict = {"arm": arm, "seeds": len(seeds)}
         out[arm] = entry
-        if len(ratios) < len(seeds) or not seeds:
-            entry.update(label=stats.INCONCLUSIVE, reason="no step times recorded for every seed (records written "
-                                                          "before plelab kept them)")
+        if not seeds or len(ratios) < len(seeds):
+            why = ("no seed of this arm has the baseline's whole budget ladder yet" if not seeds else
+                   "no step times recorded for every seed (records written before plelab kept them)")
+            entry.update(label=stats.INCONCLUSIVE, reason=why)
             continue
         k = float(np.median(ratios))
         entry["time_ratio"] = k
