@@ -67,8 +67,8 @@ class AuxConfig:
         _require(self.ids == "token" or self.extra, "aux.ids", self.ids, "token under aux.kind=ple (PLE's null "
                  "control is ple.ids=iid)")
         _require(all(0 <= layer < num_layers for layer in self.layers) and len(set(self.layers)) == len(self.layers),
-                 "aux.layers", self.layers, f"distinct layer indices in [0, {num_layers}), or empty (value: nanochat's rule; modulation: every "
-                 "layer)")
+                 "aux.layers", self.layers, f"distinct layer indices in [0, {num_layers}), or empty (value: "
+                 "nanochat's rule; modulation: every layer)")
         _require(1 <= self.gate_channels <= hidden_size, "aux.gate_channels", self.gate_channels,
                  f"an integer from 1 to model.hidden_size ({hidden_size})")
         _require(bool(self.orders) and all(n >= 2 for n in self.orders) and len(set(self.orders)) == len(self.orders),

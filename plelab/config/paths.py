@@ -2,10 +2,10 @@
 sweep's ``sweep.json``, its report's "Reproduce" line) means the same files from any working directory.
 
 The path-like keys are the fields tagged ``path`` in :mod:`plelab.config.schema` (``data.path``, ``data.mix``,
-``data.tokenizer``, ``data.ood``, ``visual.data``); a list value holds ``PATH:WEIGHT`` entries (a mixture), whose paths are made
-absolute and weights kept as typed. A path is taken relative to the current directory, as plelab reads it, with
-``~`` expanded; symbolic links are kept (:func:`os.path.abspath`, not ``resolve``). Absolute paths, ``none`` and
-empty values are left as they are.
+``data.tokenizer``, ``data.ood``, ``visual.data``); a list value holds ``PATH:WEIGHT`` entries (a mixture), whose
+paths are made absolute and weights kept as typed. A path is taken relative to the current directory, as plelab
+reads it, with ``~`` expanded; symbolic links are kept (:func:`os.path.abspath`, not ``resolve``). Absolute paths,
+``none``, empty values and the names of built-in sets (:data:`BUILT_IN`) are left as they are.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import os
 from collections.abc import Mapping, Sequence
 
 from plelab.config.overrides import NONE_WORDS, get_value, keys_tagged, set_value
-from plelab.config.schema import RunConfig
+from plelab.config.schema import OTHER_LIBRARIES, RunConfig
 
 PATH_TAG = "path"
-BUILT_IN = ("other-libraries",)  # values of a path-like key that name a set plelab builds (data.ood): kept as given
+BUILT_IN = (OTHER_LIBRARIES,)  # values of a path-like key that name a set plelab builds (data.ood): kept as given
 
 
 def path_keys() -> tuple[str, ...]:

@@ -277,6 +277,9 @@ class TrainConfig:
                  "(sparse gradients and the host-side table are not compiled)")
 
 
+OTHER_LIBRARIES = "other-libraries"  # data.ood's built-in set (plelab.data.ood), a name rather than a path
+
+
 @dataclass
 class DataConfig:
     """Where the training tokens come from: text (streamed into token shards) or pre-tokenized shards."""

@@ -17,14 +17,13 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from plelab.config.schema import OTHER_LIBRARIES
 from plelab.data.corpus import other_libraries_corpus
 from plelab.data.sources import load_corpus
 from plelab.data.streaming import encode_documents
 from plelab.data.tokenizer import EOS
 from plelab.data.tokens import val_windows
 from plelab.errors import PlelabError
-
-OTHER_LIBRARIES = "other-libraries"  # the embedded OOD set's name in data.ood
 
 
 @dataclass(frozen=True)

@@ -63,18 +63,14 @@ from plelab.errors import PlelabError
 from plelab.io import atomic_write, naming, os_reason, write_json
 from plelab.model.init import aux_modules
 from plelab.model.loading import mmap_tensor
-from plelab.model.modulation import TokenModulation
-from plelab.model.ngram import HashedNgramEmbedding
 from plelab.model.ple import TABLE_KEY, PLEModules
-from plelab.model.tables import model_table
-from plelab.model.transformer import AUX_ATTRIBUTES
-from plelab.model.value_embed import ValueEmbeddings
+from plelab.model.tables import aux_table_key, model_table
+from plelab.model.transformer import AUX_CLASSES
 from plelab.training.rows import RowCounter
 
 W0_FILE, TABLE_FILE, COUNTS_KEY = "w0.safetensors", "ple_table.safetensors", "diag.row_counts"
 ATTACH_CONFIG_KEY = "plelab_ple"  # where plelab.attach keeps its arguments in an HF config
 TABLE_CONFIG_KEY = "plelab_table"  # where plelab.attach_table keeps its arguments in an HF config
-AUX_KINDS = {ValueEmbeddings: "value", HashedNgramEmbedding: "ngram", TokenModulation: "modulation"}
 
 
 def _current_dist() -> DistInfo:
@@ -135,8 +131,8 @@ class _Table:
         self.ple, self.module = None, None
         if found:
             self.module = next(iter(found.values()))
-            self.kind = AUX_KINDS[type(self.module)]
-            self.key = f"model.{AUX_ATTRIBUTES[self.kind]}.embed.weight"
+            self.kind = next(k for k, cls in AUX_CLASSES.items() if isinstance(self.module, cls))
+            self.key = aux_table_key(self.kind)
             self.weight, self.layers, self.dim = model_table(self.module)
             self.counted = self.module.embed  # one lookup per forward, of token ids or [B,T,S] hash buckets
             config = getattr(getattr(model, "module", model), "config", None)
@@ -208,14 +204,15 @@ class Monitor:
         hook = self._count if t.ple is not None else self._count_lookup
         self._handles = [t.counted.register_forward_hook(hook, with_kwargs=True)]
         self.completed, self.last_checkpoint, self.latest = 0, None, {}
-        w0_values = None
+        w0_values, self.w0_init = None, None  # w0_values: written to w0.safetensors; w0_init: regenerated instead
         if t.ple is not None:
-            self.w0_source, self.w0_init = "regenerated from the attach seed", attach_init(model)
-        else:  # written to disk either way: diagnose rebuilds no aux module from a monitor folder
-            w0_values = None if w0 == "snapshot" else regenerated_aux_w0(model, t.module)
-            self.w0_source, self.w0_init = "regenerated from the attach_table seed (written to disk)", None
-        if w0_values is None and (w0 == "snapshot" or self.w0_init is None):
-            self.w0_init, w0_values = None, table.detach()
+            self.w0_init = None if w0 == "snapshot" else attach_init(model)
+            self.w0_source = "regenerated from the attach seed"
+        elif w0 != "snapshot":  # written to disk: diagnose rebuilds no aux module from a monitor folder
+            w0_values = regenerated_aux_w0(model, t.module)
+            self.w0_source = "regenerated from the attach_table seed (written to disk)"
+        if w0_values is None and self.w0_init is None:
+            w0_values = table.detach()
             self.w0_source = f"snapshot at construction ({table.numel() * 4:,} bytes on disk)"
         if self.dist.is_main:
             try:

@@ -35,12 +35,12 @@ from plelab.model.init import NATIVE
 from plelab.model.modulation import TokenModulation
 from plelab.model.ngram import HashedNgramEmbedding, ngram_rows
 from plelab.model.ple import keep_unregistered
+from plelab.model.transformer import AUX_ATTRIBUTES, AUX_CLASSES
 from plelab.model.value_embed import ValueEmbeddings, value_embed_layers
 
 KINDS = ("value", "ngram", "modulation")
 TABLE_CONFIG_KEY, ATTACHMENT = hf.TABLE_CONFIG_KEY, hf.TABLE_ATTACHMENT  # the config entry; the hooks' holder
-MODULES = {"value": ValueEmbeddings, "ngram": HashedNgramEmbedding, "modulation": TokenModulation}
-ATTRIBUTES = {"value": "value_embeddings", "ngram": "ngram_embedding", "modulation": "token_modulation"}
+MODULES, ATTRIBUTES = AUX_CLASSES, AUX_ATTRIBUTES  # the same classes and names as plelab's own decoder
 SIZES = {"value": ("layers", "gate_channels"), "ngram": ("orders", "heads", "rows", "dim", "hash_seed"),
          "modulation": ("layers",)}
 
@@ -239,9 +239,10 @@ def attach_table(model: nn.Module, kind: str, *, init: str = "function-preservin
 
     Sizes — value: ``layers`` (default nanochat's rule: every other layer, the last included), ``gate_channels``
     (12); ngram: ``orders`` ([2, 3]), ``heads`` (1), ``rows`` (the smallest prime >= 5·V), ``dim``
-    (H // (len(orders)·heads)), ``hash_seed`` (0); modulation: ``layers`` (every layer). ``init``: ``function-preserving`` (the logits
-    equal the host's at step 0) or ``native`` / the source's name (value: nanochat, ngram: modded, modulation:
-    normal). ``seed``: the table's init (the host's weights are not touched). ``freeze_host``: only the table trains.
+    (H // (len(orders)·heads)), ``hash_seed`` (0); modulation: ``layers`` (every layer). ``init``:
+    ``function-preserving`` (the logits equal the host's at step 0) or ``native`` / the source's name (value:
+    nanochat, ngram: modded, modulation: normal). ``seed``: the table's init (the host's weights are not touched).
+    ``freeze_host``: only the table trains.
     """
     import transformers  # optional dependency (the hf extra)
 

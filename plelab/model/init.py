@@ -33,7 +33,7 @@ from plelab.model.layers import RMSNorm
 from plelab.model.modulation import TokenModulation
 from plelab.model.ngram import HashedNgramEmbedding
 from plelab.model.ple import PLEModules
-from plelab.model.transformer import AUX_ATTRIBUTES, PLECausalLM, build_aux
+from plelab.model.transformer import AUX_ATTRIBUTES, AUX_CLASSES, PLECausalLM, build_aux
 from plelab.model.value_embed import ValueEmbeddings
 from plelab.runtime import seeded_generator
 
@@ -72,7 +72,7 @@ def init_spec(model: PLECausalLM) -> dict[str, tuple[str, float]]:
     return spec
 
 
-AUX_MODULES = (ValueEmbeddings, HashedNgramEmbedding, TokenModulation)
+AUX_MODULES = tuple(AUX_CLASSES.values())
 # aux.init=native: each source's own init under its module's name for it
 NATIVE = {ValueEmbeddings: "nanochat", HashedNgramEmbedding: "modded", TokenModulation: "normal"}
 

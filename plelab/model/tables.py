@@ -27,7 +27,7 @@ from plelab.model.modulation import selected_layers
 from plelab.model.ngram import HashedNgramEmbedding, ngram_ids, resolve_sizes
 from plelab.model.ple import TABLE_KEY, PLEModules
 from plelab.model.transformer import AUX_ATTRIBUTES
-from plelab.model.value_embed import ValueEmbeddings, value_embed_layers
+from plelab.model.value_embed import value_embed_layers
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def table_view(mc: ModelConfig, pc: PLEConfig, ac: AuxConfig | None = None) -> T
     L, H, V = mc.num_hidden_layers, mc.hidden_size, mc.vocab_size
     if ac.kind == "ple":
         return TableView("ple", TABLE_KEY, pc.resolved_vocab_size(mc), L, pc.dim) if pc.enabled else None
-    key = f"model.{AUX_ATTRIBUTES[ac.kind]}.embed.weight"
+    key = aux_table_key(ac.kind)
     if ac.kind == "value":
         layers = ac.layers or value_embed_layers(L)
         return TableView("value", key, V, len(layers), mc.num_key_value_heads * mc.resolved_head_dim)
@@ -57,6 +57,11 @@ def table_view(mc: ModelConfig, pc: PLEConfig, ac: AuxConfig | None = None) -> T
         _, rows, dim = resolve_sizes(V, H, ac.orders, ac.heads, ac.rows, ac.dim, ac.rows_multiple)
         return TableView("ngram", key, rows, 1, dim, "bucket")
     return TableView("modulation", key, V, len(selected_layers(L, ac.layers)), H)
+
+
+def aux_table_key(kind: str) -> str:
+    """The state-dict key of an aux kind's table (``model.value_embeddings.embed.weight``, …)."""
+    return f"model.{AUX_ATTRIBUTES[kind]}.embed.weight"
 
 
 def model_table(model: nn.Module) -> tuple[nn.Parameter, int, int]:

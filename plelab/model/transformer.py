@@ -47,6 +47,7 @@ from plelab.model.value_embed import ValueEmbeddings
 
 # aux.kind -> the attribute of the text model holding its module (model.<attribute>.* in the state dict)
 AUX_ATTRIBUTES = {"value": "value_embeddings", "ngram": "ngram_embedding", "modulation": "token_modulation"}
+AUX_CLASSES = {"value": ValueEmbeddings, "ngram": HashedNgramEmbedding, "modulation": TokenModulation}
 
 
 def build_aux(mc: ModelConfig, ac: AuxConfig) -> nn.Module | None:

@@ -19,19 +19,12 @@ from plelab.io import atomic_write, check_folder_target, write_json
 from plelab.reports.sweep_comparison import comparison_blocks
 from plelab.reports.sweep_findings import findings, required_seeds
 from plelab.reports.sweep_plots import all_plots
-from plelab.reports.tables import csv_text, fmt
+from plelab.reports.tables import comparison_cells, csv_text, fmt
 from plelab.stats.analysis import analyse
 from plelab.sweeps.analysis_plan import plan_status
 from plelab.stats.mechanism import gate_mechanism
 from plelab.sweeps.results import SweepResults, collect, regime
 from plelab.sweeps.spec import DEFAULT_DELTA, DP_DELTA, run_dir, sweep_command
-
-
-def _cmp_cells(c: dict | None) -> list[str]:
-    if not c:
-        return ["—", "—", "—"]
-    ci = f"[{fmt(c['ci_low'], '+.4f')}, {fmt(c['ci_high'], '+.4f')}]"
-    return [fmt(c["mean"], "+.4f"), ci, c["label"]]
 
 
 def _decide(c: dict) -> str:
@@ -119,7 +112,7 @@ def results_table(analysis: dict) -> tuple[list[str], list[list[str]]]:
     for r in analysis["rows"]:
         outside = (r.get("calibrated_range") or {}).get("inside") is False and r["use"] != "—"
         rows.append([r["arm"], str(r["dP"]), f"{r['added_params']:,}", f"{r['added_pct']:.2f}%",
-                     f"{r['loss_mean']:.4f} ± {fmt(r['loss_sd'])} ({r['n']})", *_cmp_cells(r["vs_baseline"]),
+                     f"{r['loss_mean']:.4f} ± {fmt(r['loss_sd'])} ({r['n']})", *comparison_cells(r["vs_baseline"]),
                      r["structure"] + (" †" if outside else ""), r["use"] + (" †" if outside else ""),
                      fmt(r["snr"], ".2f"), fmt(r["occurrences_median"], ",.0f")])
     return head, rows

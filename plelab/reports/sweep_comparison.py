@@ -9,15 +9,13 @@ from pathlib import Path
 import numpy as np
 
 from plelab.reports.figures import finish_axes, pyplot, save_figure
-from plelab.reports.tables import fmt
+from plelab.reports.tables import comparison_cells
 from plelab.stats.wallclock import table_arms
 from plelab.sweeps.results import SweepResults
 
 
 def _cmp(c: dict | None) -> str:
-    if not c:
-        return "—"
-    return f"{c['mean']:+.4f} [{fmt(c['ci_low'], '+.4f')}, {fmt(c['ci_high'], '+.4f')}] {c['label']}"
+    return " ".join(comparison_cells(c)) if c else "—"
 
 
 def kinds_table(res: SweepResults, analysis: dict) -> tuple[list[str], list[list[str]]]:

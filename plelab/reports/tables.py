@@ -68,6 +68,13 @@ def accounting_tables(preset: str, rows: list[Accounting], shape: str) -> str:
     return "\n\n".join(t for t in parts if t)
 
 
+def comparison_cells(c: dict | None) -> list[str]:
+    """A comparison's Δ, its 95% CI and its label as table cells (— without one)."""
+    if not c:
+        return ["—", "—", "—"]
+    return [fmt(c["mean"], "+.4f"), f"[{fmt(c['ci_low'], '+.4f')}, {fmt(c['ci_high'], '+.4f')}]", c["label"]]
+
+
 def fmt(x, spec: str = ".4f") -> str:
     """``x`` formatted with ``spec``; "—" for a missing or non-finite number."""
     return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)

@@ -25,9 +25,9 @@ from plelab.model.tables import table_view
 from plelab import stats
 from plelab.stats import blocked
 from plelab.stats.budget import token_budget
-from plelab.stats.wallclock import BUDGET, ood_vs_baseline, wallclock
+from plelab.stats.wallclock import ood_vs_baseline, wallclock
 from plelab.sweeps.results import SweepResults
-from plelab.sweeps.spec import CURVE_CONTROLS
+from plelab.sweeps.spec import BUDGET, CURVE_CONTROLS
 
 
 def _family(res: SweepResults, pairs: list[tuple[str, str]], steps: bool = True, many_to_one: bool = False,
