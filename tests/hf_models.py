@@ -30,6 +30,27 @@ def batch(seed: int = 0, b: int = 2, t: int = 12) -> torch.Tensor:
     return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
+def windows(seed: int, n: int, t: int = 13) -> torch.Tensor:
+    """``n`` random token windows ``[n, t]`` of the tiny vocabulary (seeded)."""
+    return torch.randint(0, VOCAB, (n, t), generator=torch.Generator().manual_seed(seed))
+
+
+def monitored_loop(model, monitor, data: torch.Tensor, batch: int = 4, lr: float = 1e-2) -> list[dict]:
+    """A plain PyTorch loop: ``data`` in batches of ``batch`` with plelab's AdamW groups, ``monitor.step`` after each
+    backward (before the gradients are zeroed); returns the rows the monitor wrote, one per step."""
+    import plelab
+
+    opt = plelab.adamw(plelab.param_groups(model, lr=lr))
+    rows = []
+    for step in range(len(data) // batch):
+        ids = data[batch * step:batch * step + batch]
+        model(ids, labels=ids).loss.backward()
+        rows.append(monitor.step(step))
+        opt.step()
+        opt.zero_grad()
+    return rows
+
+
 def lightning_module(lightning, model):
     """A LightningModule training ``model`` (an attached HF causal LM) on batches of token ids with plelab's AdamW."""
     import plelab

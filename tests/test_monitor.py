@@ -7,31 +7,19 @@ import json
 import numpy as np
 import pytest
 import torch
-from hf_models import VOCAB, lightning_module, tiny_host
+from hf_models import VOCAB, lightning_module, monitored_loop, tiny_host, windows
 
 import plelab
 from plelab.cli import main
 from plelab.errors import PlelabError
 
 
-def windows(seed: int, n: int, t: int = 13) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (n, t), generator=torch.Generator().manual_seed(seed))
-
-
 def train_monitored(out, seed=0, steps=8, w0="auto", every=2, checkpoint_every=4):
     """A plain PyTorch loop over an attached Llama, with a Monitor; returns (model, monitor, rows written)."""
     model = plelab.attach(tiny_host(), 8, seed=seed)
-    opt = plelab.adamw(plelab.param_groups(model, lr=1e-2))
-    data = windows(100, 4 * steps)
-    rows = []
     with plelab.Monitor(model, out, every=every, checkpoint_every=checkpoint_every, val_windows=windows(7, 8),
                         w0=w0) as monitor:
-        for step in range(steps):
-            ids = data[4 * step:4 * step + 4]
-            model(ids, labels=ids).loss.backward()
-            rows.append(monitor.step(step))
-            opt.step()
-            opt.zero_grad()
+        rows = monitored_loop(model, monitor, windows(100, 4 * steps))
     return model, monitor, rows
 
 

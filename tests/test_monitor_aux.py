@@ -9,39 +9,27 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from hf_models import VOCAB, tiny_host
+from hf_models import monitored_loop, tiny_host, windows
 
 import plelab
 from plelab.cli import main
 from plelab.config.aux_schema import AuxConfig
 from plelab.errors import PlelabError
 from plelab.integrations.hf_aux import KINDS, attach_table
+from plelab.model.transformer import AUX_ATTRIBUTES
 
 KEYS = {"value": "model.value_embeddings.embed.weight", "ngram": "model.ngram_embedding.embed.weight",
         "modulation": "model.token_modulation.embed.weight"}
-
-
-def windows(seed: int, n: int, t: int = 13) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (n, t), generator=torch.Generator().manual_seed(seed))
 
 
 def train_monitored(out, kind: str, seed: int = 0, steps: int = 6, w0: str = "auto"):
     """A plain loop over a Llama with a ``kind`` table attached (native init: a table that is not all zero), with a
     Monitor; returns (model, monitor, the ids trained on, the table at step 0, rows written)."""
     model = attach_table(tiny_host(), kind, init="native", seed=seed)
-    module = getattr(model.model, {"value": "value_embeddings", "ngram": "ngram_embedding",
-                                   "modulation": "token_modulation"}[kind])
-    start = module.embed.weight.detach().clone()
-    opt = plelab.adamw(plelab.param_groups(model, lr=1e-2))
+    start = getattr(model.model, AUX_ATTRIBUTES[kind]).embed.weight.detach().clone()
     data = windows(100 + seed, 4 * steps)
-    rows = []
     with plelab.Monitor(model, out, every=2, checkpoint_every=steps, val_windows=windows(7, 8), w0=w0) as monitor:
-        for step in range(steps):
-            ids = data[4 * step:4 * step + 4]
-            model(ids, labels=ids).loss.backward()
-            rows.append(monitor.step(step))
-            opt.step()
-            opt.zero_grad()
+        rows = monitored_loop(model, monitor, data)
     return model, monitor, data, start, rows
 
 
