@@ -34,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     "account": "plelab.model.accounting", "Accounting": "plelab.model.accounting",
     # what the CLI verbs do
     "train": "plelab.runs", "evaluate": "plelab.training.evaluate", "diagnose": "plelab.integrations.checkpoints",
-    "sweep": "plelab.sweeps.commands", "pack": "plelab.sweeps.commands", "report": "plelab.reports",
+    "sweep": "plelab.sweeps.commands", "pack": "plelab.sweeps.commands", "report": "plelab.reports.study",
     "plan": "plelab.stats.planning", "lr_search": "plelab.sweeps.commands", "advise": "plelab.stats.advise",
     "Advice": "plelab.stats.advise",
     "preregister_sweep": "plelab.sweeps.commands",

@@ -179,6 +179,40 @@ def test_nothing_below_the_cli_imports_argparse():
     assert users == []
 
 
+def test_the_verb_table_is_what_the_groups_register():
+    """``plelab.cli.VERBS`` (which module main() imports for a verb) agrees with the groups' own parsers, in help's
+    order."""
+    import importlib
+
+    from plelab.cli import GROUPS, VERBS, build_parser
+    from plelab.cli.common import Parser
+
+    for group in GROUPS:
+        sub = Parser(prog="x").add_subparsers(parser_class=Parser)
+        importlib.import_module(f"plelab.cli.{group}").add_parsers(sub)
+        assert sorted(sub.choices) == sorted(v for v, g in VERBS.items() if g == group), group
+    full = next(a for a in build_parser()._actions if a.dest == "command")
+    assert list(full.choices) == list(VERBS)
+    for verb in VERBS:
+        assert list(next(a for a in build_parser(verb)._actions if a.dest == "command").choices) == \
+            [v for v, g in VERBS.items() if g == VERBS[verb]]
+
+
+def test_a_training_worker_starts_without_the_study_wings():
+    """A sweep starts each run as ``plelab train``: that verb imports its own group only, never the statistics,
+    the reports of studies, calibration or the visual kind (each start is ≈ 1 s of CPU less)."""
+    code = ("import sys; from plelab.cli import main\n"
+            "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+            "wings = ('plelab.visual', 'plelab.stats', 'plelab.scaling', 'plelab.calibration', 'plelab.reports.sweep',"
+            " 'plelab.sweeps', 'scipy', 'statsmodels')\n"
+            "print('LOADED', sorted(m for m in sys.modules if m.startswith(wings)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "LOADED []"
+    assert "plelab.integrations.hosts" in subprocess.run(
+        [sys.executable, "-c", "import sys; from plelab.cli import main; main(['presets']); print(sorted(sys.modules))"],
+        capture_output=True, text=True, check=True).stdout  # trunks are registered for every verb
+
+
 def test_sweep_help_names_every_control_it_accepts(capsys):
     """The --controls help is built from the controls the spec accepts, so a new control cannot go unlisted."""
     from plelab.sweeps.spec import CONTROLS

@@ -5,9 +5,11 @@ One module per verb group (:mod:`~plelab.cli.configs`: params / config / presets
 :mod:`~plelab.cli.train`: train / eval / diagnose; :mod:`~plelab.cli.models`: export / generate;
 :mod:`~plelab.cli.sweep`: sweep / report / advise / demo; :mod:`~plelab.cli.visual`: visual-ids / visual-study;
 :mod:`~plelab.cli.calibrate`: calibrate);
-nothing below this package imports argparse. Imports are at module level (the layering test,
-``tests/test_layers.py``); only optional or heavy dependencies (transformers, matplotlib, ...) load when a command
-needs them.
+nothing below this package imports argparse. :func:`main` imports only the module of the verb it runs
+(:data:`VERBS`): a sweep's ``plelab train`` worker starts without the statistics, report and visual wings (about a
+second sooner on a 2-core machine); ``plelab --help`` and an unknown verb import them all. Elsewhere imports are at
+module level (the layering test, ``tests/test_layers.py``); only optional or heavy dependencies (transformers,
+matplotlib, ...) load when a command needs them.
 
 User errors (:class:`~plelab.errors.PlelabError` and argparse errors) print one line on
 stderr and exit with code 2; they never show a traceback. A closed pipe (``plelab config | head -1``)
@@ -16,26 +18,39 @@ ends the output quietly with exit code 0.
 
 from __future__ import annotations
 
+import importlib
 import os
 import select
 import sys
 
-import plelab.visual  # noqa: F401  (registers the visual kind of run)
 from plelab import __version__
-from plelab.cli import calibrate, configs, data, models, sweep, train, visual
 from plelab.cli.common import Parser
 from plelab.errors import PlelabError
 from plelab.io import os_reason
 
-__all__ = ["build_parser", "main"]
+__all__ = ["VERBS", "build_parser", "main"]
+
+# the verb groups (modules of plelab.cli, each with add_parsers(sub)) in the order help lists them, and the group of
+# each verb (tests/test_cli.py checks the table against what the groups register)
+GROUPS = ("configs", "data", "train", "models", "sweep", "visual", "calibrate")
+VERBS = {
+    "params": "configs", "config": "configs", "presets": "configs", "ingest": "data",
+    "train": "train", "eval": "train", "diagnose": "train", "export": "models", "generate": "models",
+    "consolidate": "models", "sweep": "sweep", "lr-search": "sweep", "report": "sweep", "advise": "sweep",
+    "plan": "sweep", "fit": "sweep", "pack": "sweep", "demo": "sweep", "visual-ids": "visual",
+    "visual-study": "visual", "calibrate": "calibrate", "validate": "calibrate",
+}
+# what registers trunks (hosts) and attached-folder loaders, as for plelab's Python API (plelab._PLUGINS)
+_PLUGINS = ("plelab.integrations.hosts", "plelab.integrations.hf_aux")
 
 
-def build_parser() -> Parser:
+def build_parser(verb: str | None = None) -> Parser:
+    """The parser of every verb, or of ``verb``'s group only (its module alone imported)."""
     parser = Parser(prog="plelab", description="Per-Layer Embeddings lab: models, accounting, training, studies.")
     parser.add_argument("--version", action="version", version=f"plelab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for group in (configs, data, train, models, sweep, visual, calibrate):
-        group.add_parsers(sub)
+    for group in [VERBS[verb]] if verb in VERBS else GROUPS:
+        importlib.import_module(f"plelab.cli.{group}").add_parsers(sub)
     return parser
 
 
@@ -67,8 +82,11 @@ def _os_error(err: OSError) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        for plugin in _PLUGINS:
+            importlib.import_module(plugin)
+        args = build_parser(argv[0] if argv else None).parse_args(argv)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code

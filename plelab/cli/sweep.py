@@ -13,7 +13,7 @@ from plelab.config.paths import absolute, path_keys, portable_mapping, portable_
 from plelab.demo import PROFILES, run_demo
 from plelab.errors import ConfigError
 from plelab.io import json_safe, write_json
-from plelab.reports import report
+from plelab.reports.study import report
 from plelab.stats.advise import advise
 from plelab.sweeps.commands import DEFAULT_PRESET, lr_search, options_of, pack, preregister_sweep, sweep
 from plelab.scaling.ladder import GPU_BF16_PEAK, Assumptions, ladder, ladder_text

@@ -5,7 +5,7 @@ registry, the visual study's report with :func:`plelab.reports.register_report` 
 with :func:`plelab.sweeps.results.register_structure_reader`.
 """
 
-from plelab.reports import register_report
+from plelab.reports.study import register_report
 from plelab.sweeps.results import register_structure_reader
 from plelab.visual import task as _task  # noqa: F401  (registers the visual kind of run)
 from plelab.visual.report import write_visual_report
