@@ -73,3 +73,34 @@ def test_ddp_row_sparse_table_matches_one_process(tmp_path):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-4)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
     assert [r["step"] for r in two] == list(range(1, 7))
+
+
+def test_a_launch_that_hangs_after_its_work_is_cut_short_with_all_its_processes(tmp_path, monkeypatch):
+    """The test launcher's guard against gloo's teardown hang (tests/torchrun_launch.py): the grace starts when the
+    work is done, and the whole process group dies (a rank once outlived the suite)."""
+    import subprocess
+    import sys
+    import time
+
+    import torchrun_launch
+
+    monkeypatch.setattr(torchrun_launch, "TEARDOWN_GRACE", 0.5)
+    done, child = tmp_path / "done", tmp_path / "child.pid"
+    script = ("import pathlib, subprocess, sys, time\n"
+              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+              f"pathlib.Path({str(child)!r}).write_text(str(c.pid))\n"
+              f"pathlib.Path({str(done)!r}).write_text('')\n"
+              "time.sleep(120)\n")
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        torchrun_launch._run([sys.executable, "-c", script], dict(os.environ), 100, done.exists)
+    assert time.monotonic() - start < 30
+    pid = int(child.read_text())
+    for _ in range(100):  # the killed grandchild is reaped by init; wait until it is gone
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the launch's child {pid} outlived the kill")

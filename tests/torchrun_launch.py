@@ -4,14 +4,45 @@ Two flakes have been seen in CI-like runs, each after the work itself had finish
 ("terminate called without an active exception", SIGABRT), about once in ten launches, and a hang in
 ``destroy_process_group`` (pytorch/pytorch#75097). Both passed on every rerun. A launch is retried once, with a
 warning in the test report; a real failure fails twice. Launches that are *meant* to fail (fault injection) pass
-``retry=False``."""
+``retry=False``.
+
+A hang at teardown is cut short: once ``hang_is_teardown()`` says the work has finished, the launch gets
+:data:`TEARDOWN_GRACE` seconds to exit (it needs about one), not the whole timeout. A launch that times out is killed
+with its whole process group (the agent *and* its ranks: a rank left behind once outlived the suite)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable
+
+TEARDOWN_GRACE = 30.0  # seconds a launch may take to exit after its work has finished
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float, finished: Callable[[], bool]
+         ) -> subprocess.CompletedProcess:
+    """``subprocess.run`` in its own session, cut at ``timeout`` or :data:`TEARDOWN_GRACE` after ``finished()``;
+    the whole process group is killed on a timeout (``subprocess.TimeoutExpired`` raised)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    start, done_at = time.monotonic(), None
+    was_done = finished()  # finished before this launch (a folder run before): no grace to count from
+    while True:
+        try:
+            out, err = proc.communicate(timeout=1.0)
+            return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if done_at is None and not was_done and finished():
+                done_at = now
+            if now - start > timeout or (done_at is not None and now - done_at > TEARDOWN_GRACE):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise subprocess.TimeoutExpired(cmd, timeout) from None
 
 
 def torchrun(args: list[str], *, env: dict[str, str], timeout: int = 180, retry: bool = True,
@@ -19,13 +50,13 @@ def torchrun(args: list[str], *, env: dict[str, str], timeout: int = 180, retry:
              before_retry: Callable[[], None] = lambda: None) -> subprocess.CompletedProcess:
     """Run ``python -m torch.distributed.run --standalone *args`` and return the finished process.
 
-    ``hang_is_teardown`` says, after a timeout, whether the work had finished (e.g. its summary was written), so
-    that the hang was at teardown and a retry is fair; otherwise the timeout is raised. ``before_retry`` restores
-    the launch's starting state (e.g. removes a half-written output folder)."""
+    ``hang_is_teardown`` says whether the work has finished (e.g. its summary was written), so that a hang after it
+    is one at teardown, cut after :data:`TEARDOWN_GRACE` seconds, and a retry is fair; otherwise a timeout is
+    raised. ``before_retry`` restores the launch's starting state (e.g. removes a half-written output folder)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *args]
 
     def launch() -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        return _run(cmd, env, timeout, hang_is_teardown)
 
     try:
         proc = launch()
