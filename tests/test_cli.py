@@ -200,7 +200,8 @@ def test_the_verb_table_is_what_the_groups_register():
 
 def test_a_training_worker_starts_without_the_study_wings():
     """A sweep starts each run as ``plelab train``: that verb imports its own group only, never the statistics,
-    the reports of studies, calibration or the visual kind (each start is ≈ 1 s of CPU less)."""
+    the reports of studies, calibration or the visual kind (each start is ≈ 1 s of CPU less); a sweep start loads
+    no scipy until a fit or a statistic needs it."""
     code = ("import sys; from plelab.cli import main\n"
             "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
             "wings = ('plelab.visual', 'plelab.stats', 'plelab.scaling', 'plelab.calibration', 'plelab.reports.sweep',"
@@ -208,6 +209,9 @@ def test_a_training_worker_starts_without_the_study_wings():
             "print('LOADED', sorted(m for m in sys.modules if m.startswith(wings)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1] == "LOADED []"
+    sweep = code.replace("'train'", "'sweep'").replace("wings = (", "wings = ('scipy', 'statsmodels', ")
+    out = subprocess.run([sys.executable, "-c", sweep], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1].startswith("LOADED [") and "scipy" not in out.splitlines()[-1]  # fits load it
     assert "plelab.integrations.hosts" in subprocess.run(
         [sys.executable, "-c", "import sys; from plelab.cli import main; main(['presets']); print(sorted(sys.modules))"],
         capture_output=True, text=True, check=True).stdout  # trunks are registered for every verb

@@ -27,7 +27,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.optimize import minimize, minimize_scalar
 
 from plelab.errors import PlelabError
 
@@ -96,6 +95,8 @@ def fit_law(n: Sequence[float], d: Sequence[float], loss: Sequence[float],
     x, y, logl = np.log(np.asarray(n, float)), np.log(np.asarray(d, float)), np.log(np.asarray(loss, float))
     if starts is None:  # L-BFGS from the grid's 8 best points (the rest start on worse ground)
         starts = sorted(_GRID, key=lambda t: _objective(np.asarray(t, float), x, y, logl)[0])[:8]
+    from scipy.optimize import minimize  # heavy (≈ 0.6 s): a `plelab sweep` start would pay it before any fit
+
     best = None
     for start in starts:
         res = minimize(_objective, np.asarray(start, float), args=(x, y, logl), jac=True, method="L-BFGS-B",
@@ -114,6 +115,8 @@ def _theta(law: Law) -> np.ndarray:
 def fit_multiplier(law: Law, n: Sequence[float], d: Sequence[float], loss: Sequence[float]) -> float:
     """The effective-parameter multiplier ``m`` of an arm's points on the baseline ``law`` (held fixed)."""
     n, d, logl = np.asarray(n, float), np.asarray(d, float), np.log(np.asarray(loss, float))
+
+    from scipy.optimize import minimize_scalar  # heavy: loaded with the first fit, as in fit_law
 
     def cost(log_m: float) -> float:
         return float(_huber(np.log(law.predict(n, d, math.exp(log_m))) - logl)[0].sum())
