@@ -212,9 +212,9 @@ def test_a_training_worker_starts_without_the_study_wings():
     sweep = code.replace("'train'", "'sweep'").replace("wings = (", "wings = ('scipy', 'statsmodels', ")
     out = subprocess.run([sys.executable, "-c", sweep], capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1].startswith("LOADED [") and "scipy" not in out.splitlines()[-1]  # fits load it
-    assert "plelab.integrations.hosts" in subprocess.run(
-        [sys.executable, "-c", "import sys; from plelab.cli import main; main(['presets']); print(sorted(sys.modules))"],
-        capture_output=True, text=True, check=True).stdout  # trunks are registered for every verb
+    presets = "import sys; from plelab.cli import main; main(['presets']); print(sorted(sys.modules))"
+    assert "plelab.integrations.hosts" in subprocess.run(  # trunks are registered for every verb
+        [sys.executable, "-c", presets], capture_output=True, text=True, check=True).stdout
 
 
 def test_sweep_help_names_every_control_it_accepts(capsys):
