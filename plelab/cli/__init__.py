@@ -23,16 +23,15 @@ import os
 import select
 import sys
 
-from plelab import __version__
+from plelab import _PLUGINS, __version__  # trunks and attached-folder loaders, as for the API
 from plelab.cli.common import Parser
 from plelab.errors import PlelabError
 from plelab.io import os_reason
 
 __all__ = ["VERBS", "build_parser", "main"]
 
-# the verb groups (modules of plelab.cli, each with add_parsers(sub)) in the order help lists them, and the group of
-# each verb (tests/test_cli.py checks the table against what the groups register)
-GROUPS = ("configs", "data", "train", "models", "sweep", "visual", "calibrate")
+# each verb's group: a module of plelab.cli with add_parsers(sub), listed in help's order (tests/test_cli.py checks
+# the table against what the groups register)
 VERBS = {
     "params": "configs", "config": "configs", "presets": "configs", "ingest": "data",
     "train": "train", "eval": "train", "diagnose": "train", "export": "models", "generate": "models",
@@ -40,8 +39,7 @@ VERBS = {
     "plan": "sweep", "fit": "sweep", "pack": "sweep", "demo": "sweep", "visual-ids": "visual",
     "visual-study": "visual", "calibrate": "calibrate", "validate": "calibrate",
 }
-# what registers trunks (hosts) and attached-folder loaders, as for plelab's Python API (plelab._PLUGINS)
-_PLUGINS = ("plelab.integrations.hosts", "plelab.integrations.hf_aux")
+GROUPS = tuple(dict.fromkeys(VERBS.values()))
 
 
 def build_parser(verb: str | None = None) -> Parser:
