@@ -51,6 +51,26 @@ def monitored_loop(model, monitor, data: torch.Tensor, batch: int = 4, lr: float
     return rows
 
 
+def hf_trainer_monitored(model, out) -> list[dict]:
+    """4 steps of HF ``Trainer`` (batches of 4 of 16 random windows, plelab's AdamW groups) with the Monitor's callback
+    (``every=2``, ``checkpoint_every=4``, 4 validation windows) writing to ``out``; returns the rows it wrote."""
+    import json
+
+    from transformers import Trainer, TrainingArguments
+
+    import plelab
+
+    data = [{"input_ids": w, "labels": w} for w in windows(3, 16)]
+    monitor = plelab.Monitor(model, out, every=2, checkpoint_every=4, val_windows=windows(7, 4))
+    args = TrainingArguments(output_dir=str(out.parent / "hf"), per_device_train_batch_size=4, max_steps=4,
+                             learning_rate=1e-2, report_to=[], save_strategy="no", use_cpu=True, logging_steps=1,
+                             disable_tqdm=True)
+    opt = plelab.adamw(plelab.param_groups(model, lr=1e-2))
+    Trainer(model=model, args=args, train_dataset=data, optimizers=(opt, None),
+            callbacks=[plelab.integrations.HFTrainerCallback(monitor)]).train()
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def lightning_module(lightning, model):
     """A LightningModule training ``model`` (an attached HF causal LM) on batches of token ids with plelab's AdamW."""
     import plelab

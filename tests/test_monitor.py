@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from hf_models import VOCAB, lightning_module, monitored_loop, tiny_host, windows
+from hf_models import VOCAB, hf_trainer_monitored, lightning_module, monitored_loop, tiny_host, windows
 
 import plelab
 from plelab.cli import main
@@ -92,19 +92,8 @@ def test_diagnose_reads_monitor_runs_like_its_own(tmp_path, capsys):
 
 
 def test_hf_trainer_with_the_callback(tmp_path):
-    from transformers import Trainer, TrainingArguments
-
     model = plelab.attach(tiny_host(), 8)
-    data = [{"input_ids": w, "labels": w} for w in windows(3, 16)]
-    monitor = plelab.Monitor(model, tmp_path / "mon", every=2, checkpoint_every=4, val_windows=windows(7, 4))
-    args = TrainingArguments(output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, max_steps=4,
-                             learning_rate=1e-2, report_to=[], save_strategy="no", use_cpu=True, logging_steps=1,
-                             disable_tqdm=True)
-    opt = plelab.adamw(plelab.param_groups(model, lr=1e-2))
-    trainer = Trainer(model=model, args=args, train_dataset=data, optimizers=(opt, None),
-                      callbacks=[plelab.integrations.HFTrainerCallback(monitor)])
-    trainer.train()
-    rows = [json.loads(x) for x in (tmp_path / "mon" / "metrics.jsonl").read_text().splitlines()]
+    rows = hf_trainer_monitored(model, tmp_path / "mon")
     assert [r["step"] for r in rows if "diag" in r] == [2, 4]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4] and all("learning_rate" in r for r in rows
                                                                             if "loss" in r)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from hf_models import monitored_loop, tiny_host, windows
+from hf_models import hf_trainer_monitored, monitored_loop, tiny_host, windows
 
 import plelab
 from plelab.cli import main
@@ -101,18 +101,8 @@ def test_a_model_without_a_table_is_one_line(tmp_path):
 
 
 def test_hf_trainer_callback_monitors_an_attached_ngram_table(tmp_path):
-    from transformers import Trainer, TrainingArguments
-
     model = attach_table(tiny_host(), "ngram", init="native")
-    data = [{"input_ids": w, "labels": w} for w in windows(3, 16)]
-    monitor = plelab.Monitor(model, tmp_path / "mon", every=2, checkpoint_every=4, val_windows=windows(7, 4))
-    args = TrainingArguments(output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, max_steps=4,
-                             learning_rate=1e-2, report_to=[], save_strategy="no", use_cpu=True, logging_steps=1,
-                             disable_tqdm=True)
-    opt = plelab.adamw(plelab.param_groups(model, lr=1e-2))
-    Trainer(model=model, args=args, train_dataset=data, optimizers=(opt, None),
-            callbacks=[plelab.integrations.HFTrainerCallback(monitor)]).train()
-    rows = [json.loads(x) for x in (tmp_path / "mon" / "metrics.jsonl").read_text().splitlines()]
+    rows = hf_trainer_monitored(model, tmp_path / "mon")
     assert [r["step"] for r in rows if "diag" in r] == [2, 4]
     assert all(r["diag"]["table_grad_norm"] > 0 for r in rows if "diag" in r)
     saved = json.loads((tmp_path / "mon" / "checkpoints" / "step-000004" / "diagnostics.json").read_text())
