@@ -75,7 +75,9 @@ def test_ddp_row_sparse_table_matches_one_process(tmp_path):
     assert [r["step"] for r in two] == list(range(1, 7))
 
 
-def test_a_launch_that_hangs_after_its_work_is_cut_short_with_all_its_processes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("launcher_exits", [False, True])  # True: a rank in its own session outlives the agent
+def test_a_launch_that_hangs_after_its_work_is_cut_short_with_all_its_processes(tmp_path, monkeypatch,
+                                                                               launcher_exits):
     """The test launcher's guard against gloo's teardown hang (tests/torchrun_launch.py): the grace starts when the
     work is done, and the whole process group dies (a rank once outlived the suite)."""
     import subprocess
@@ -87,10 +89,11 @@ def test_a_launch_that_hangs_after_its_work_is_cut_short_with_all_its_processes(
     monkeypatch.setattr(torchrun_launch, "TEARDOWN_GRACE", 0.5)
     done, child = tmp_path / "done", tmp_path / "child.pid"
     script = ("import pathlib, subprocess, sys, time\n"
-              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+              "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+              "start_new_session=True)\n"
               f"pathlib.Path({str(child)!r}).write_text(str(c.pid))\n"
               f"pathlib.Path({str(done)!r}).write_text('')\n"
-              "time.sleep(120)\n")
+              f"time.sleep({3 if launcher_exits else 120})\n")
     start = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         torchrun_launch._run([sys.executable, "-c", script], dict(os.environ), 100, done.exists)

@@ -12,6 +12,7 @@ with its whole process group (the agent *and* its ranks: a rank left behind once
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,29 +20,50 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 TEARDOWN_GRACE = 30.0  # seconds a launch may take to exit after its work has finished
 
 
+def _children(pid: int) -> set[int]:
+    """Pids of the live processes whose parent is ``pid`` (torchrun's ranks: each runs in a session of its own)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(proc.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
 def _run(cmd: list[str], env: dict[str, str], timeout: float, finished: Callable[[], bool]
          ) -> subprocess.CompletedProcess:
-    """``subprocess.run`` in its own session, cut at ``timeout`` or :data:`TEARDOWN_GRACE` after ``finished()``;
-    the whole process group is killed on a timeout (``subprocess.TimeoutExpired`` raised)."""
+    """``subprocess.run`` in its own session, cut at ``timeout`` or :data:`TEARDOWN_GRACE` after ``finished()``; on a
+    timeout the launch's process group and every child seen while it ran (the ranks, in sessions of their own) are
+    killed, and ``subprocess.TimeoutExpired`` is raised."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
-    start, done_at = time.monotonic(), None
+    start, done_at, seen = time.monotonic(), None, set()
     was_done = finished()  # finished before this launch (a folder run before): no grace to count from
     while True:
         try:
             out, err = proc.communicate(timeout=1.0)
             return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
         except subprocess.TimeoutExpired:
+            seen |= _children(proc.pid)
             now = time.monotonic()
             if done_at is None and not was_done and finished():
                 done_at = now
             if now - start > timeout or (done_at is not None and now - done_at > TEARDOWN_GRACE):
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
+                for pid in seen:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()  # not communicate(): a survivor holding the pipes would block it for ever
+                proc.stdout.close()
+                proc.stderr.close()
                 raise subprocess.TimeoutExpired(cmd, timeout) from None
 
 
