@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,6 +60,38 @@ def tiny_data():
     corpus = load_corpus(None)
     tok = get_tokenizer(corpus, 512, show_progress=False)
     return prepare_tokens(corpus, tok, 0.05)
+
+
+# ---- the longest fixtures, computed beside the suite (tests/background.py) --------------------------------------
+_BACKGROUND: list = []
+
+
+def pytest_collection_modifyitems(config, items):
+    """Start one background process for the jobs the selected tests name (``@pytest.mark.background("job")``) and
+    run those tests last, by when their jobs have long finished."""
+    names = list(dict.fromkeys(m.args[0] for item in items for m in item.iter_markers("background")))
+    if not names or config.option.collectonly:
+        return
+    from background import Background
+
+    _BACKGROUND.append(Background(Path(tempfile.mkdtemp(prefix="plelab-background-")), names))
+    items.sort(key=lambda item: item.get_closest_marker("background") is not None)  # stable: the rest keep order
+
+
+@pytest.fixture(scope="session")
+def background():
+    """``background(name)``: the folder of a finished background job (the test must be marked with its name)."""
+    def result(name: str) -> Path:
+        if not _BACKGROUND:
+            raise RuntimeError(f"no background process: mark the test @pytest.mark.background({name!r})")
+        return _BACKGROUND[0].result(name)
+    return result
+
+
+def pytest_sessionfinish(session):
+    for bg in _BACKGROUND:
+        bg.stop()
+        shutil.rmtree(bg.root, ignore_errors=True)
 
 
 # ---- the malformed-input suite's count (tests/test_malformed_inputs*.py::test_malformed_input) -----------------

@@ -231,13 +231,11 @@ def test_gate_held_at_zero_closes_the_branch():
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("calibrate") / "bench"
-    # one other kind (the n-gram table: its rows are hash buckets, the case that differs most from PLE's) keeps the
-    # suite's fixture short (one worker: a worker process per run costs more than these runs); --quick itself covers
-    # every kind (test_quick_covers_every_kind_of_the_family)
-    assert main(["calibrate", "--quick", "--kinds", "ngram", "--out", str(out), "--no-progress"]) == 0
-    return out
+def quick(background):
+    """``plelab calibrate --quick --kinds ngram``, run beside the suite (tests/background.py). One other kind (the
+    n-gram table: its rows are hash buckets, the case that differs most from PLE's) keeps it short; --quick itself
+    covers every kind (test_quick_covers_every_kind_of_the_family)."""
+    return background("quick_calibration") / "bench"
 
 
 def test_quick_covers_every_kind_of_the_family():
@@ -248,6 +246,7 @@ def test_quick_covers_every_kind_of_the_family():
 
 
 @pytest.mark.slow
+@pytest.mark.background("quick_calibration")
 def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
     result = json.loads((quick / "calibration.json").read_text())
     b = result["benchmark"]
@@ -338,6 +337,7 @@ def test_quick_calibration_runs_the_whole_pipeline(quick, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.background("quick_calibration")
 def test_quick_calibration_resumes_and_refuses_what_it_cannot_honour(quick, capsys, tmp_path):
     assert main(["calibrate", "--quick", "--kinds", "ngram", "--out", str(quick), "--no-progress", "--json"]) == 0
     assert "0 to run" in capsys.readouterr().out  # every run kept: nothing retrained

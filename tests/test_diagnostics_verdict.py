@@ -10,28 +10,20 @@
 import json
 
 import pytest
+from background import VERDICT_STEPS as STEPS
 
 from plelab.cli import main
-from plelab.config import resolve_config
 from plelab.diagnostics.diagnose import diagnose_run as diagnose
 from plelab.diagnostics.verdict import BENEFIT, LEARNED, UNCALIBRATED, UNUSED, USED, use_verdict
-from plelab.runs import train
 
-STEPS = 300
+pytestmark = pytest.mark.background("verdict_runs")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_data):
-    root = tmp_path_factory.mktemp("verdict")
-    out = {}
-    for ids in ("token", "iid"):
-        for seed in (0, 1):
-            cfg = resolve_config("cpu-tiny", [f"ple.ids={ids}", "train.checkpoint_every=0", "train.eval_every=150",
-                                              "train.diag_every=100"], seed=seed, steps=STEPS)
-            path = root / f"{ids}-{seed}"
-            train(cfg, path, data=tiny_data, progress=False, log=lambda *a: None)
-            out[ids, seed] = path
-    return out
+def runs(background):
+    """Four runs of ``STEPS`` steps trained beside the suite (tests/background.py:verdict_runs)."""
+    root = background("verdict_runs")
+    return {(ids, seed): root / f"{ids}-{seed}" for ids in ("token", "iid") for seed in (0, 1)}
 
 
 @pytest.mark.slow

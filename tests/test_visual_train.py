@@ -14,7 +14,6 @@ from plelab.config import resolve_config
 from plelab.errors import PlelabError
 from plelab.runs import make_trainer as VisualTrainer
 from plelab.visual.data import caption_losses, prepare_visual
-from plelab.visual.diagnostics import end_of_run
 from plelab.visual.sampler import SceneSampler
 
 VIS = ["visual.enabled=true", "visual.scenes=300", "visual.val_scenes=40", "visual.encoder_steps=30",
@@ -186,22 +185,16 @@ def test_visual_study_quick_on_the_sweep_engine(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_oracle_beats_random_ids_on_content_words_when_the_ids_are_the_only_view():
+@pytest.mark.background("visual_oracle")
+def test_oracle_beats_random_ids_on_content_words_when_the_ids_are_the_only_view(background):
     """The positive control: with the continuous features withheld, a visual table keyed by the patch
     labels lowers the content-word loss far below one keyed by random IDs (measured: −0.35 and −0.30
     nats for seeds 0 and 1 at these settings). It needs ≥ 2 layers after the first injection: at
-    L = 2 the table's signal can be read by one attention layer only and does not show in 300 steps."""
-    settings = ["visual.enabled=true", "visual.scenes=1000", "visual.val_scenes=200", "visual.features=false",
-                "train.batch_size=32", "model.num_hidden_layers=4", "train.eval_every=1000", "train.diag_every=0",
-                "train.warmup_steps=10", "train.checkpoint_every=0"]
-    content, tables = {}, {}
-    for ids in ("random", "oracle"):
-        cfg = resolve_config("cpu-tiny", [*settings, f"visual.ids={ids}"], dp=16, steps=300, seed=0)
-        trainer = VisualTrainer(cfg, prepare_visual(cfg), progress=False, log=lambda *x: None)
-        trainer.fit()
-        content[ids] = trainer.task.caption_report(trainer.model)["content"]
-        tables[ids] = end_of_run(trainer.task, trainer.model, trainer.step,
-                                 trainer.task.table_counts(trainer.row_counts()))["visual"]
+    L = 2 the table's signal can be read by one attention layer only and does not show in 300 steps.
+    Both runs train beside the suite (tests/background.py:visual_oracle, 300 steps each)."""
+    runs = json.loads((background("visual_oracle") / "results.json").read_text())
+    content = {ids: run["content"] for ids, run in runs.items()}
+    tables = {ids: run["table"] for ids, run in runs.items()}
     assert content["oracle"] < content["random"] - 0.1, content
     # the use test sees it too: scrambling the oracle table's rows costs content words, the random one's nothing
     assert tables["oracle"]["use_verdict"] == "USED" and tables["oracle"]["use"]["permute"]["content"]["delta"] > 0.1
