@@ -88,12 +88,6 @@ def background():
     return result
 
 
-def pytest_sessionfinish(session):
-    for bg in _BACKGROUND:
-        bg.stop()
-        shutil.rmtree(bg.root, ignore_errors=True)
-
-
 # ---- the malformed-input suite's count (tests/test_malformed_inputs*.py::test_malformed_input) -----------------
 _MALFORMED: dict[str, str] = {}
 
@@ -112,9 +106,17 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    for bg in _BACKGROUND:
+        terminalreporter.write_line(bg.summary())
     if _MALFORMED:
         counts: dict[str, int] = {}
         for outcome in _MALFORMED.values():
             counts[outcome] = counts.get(outcome, 0) + 1
         shown = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items(), key=lambda kv: -kv[1]))
         terminalreporter.write_line(f"malformed-input suite: {len(_MALFORMED)} cases, {shown}")
+
+
+def pytest_unconfigure(config):
+    for bg in _BACKGROUND:
+        bg.stop()
+        shutil.rmtree(bg.root, ignore_errors=True)
