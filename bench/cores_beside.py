@@ -21,8 +21,9 @@ LOOP = """
 import sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
 torch.manual_seed(0)
-model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
-x = torch.randn(512, 256)
+width = int(sys.argv[3])
+model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
+x = torch.randn(512, width)
 opt = torch.optim.AdamW(model.parameters())
 steps = int(sys.argv[2])
 start = time.perf_counter()
@@ -32,19 +33,28 @@ print(time.perf_counter() - start)
 """
 
 
-def loop_seconds(threads: int, steps: int, env: dict | None = None) -> float:
-    out = subprocess.run([sys.executable, "-c", LOOP, str(threads), str(steps)], env=env, capture_output=True,
-                         text=True, check=True)
+def loop_seconds(threads: int, steps: int, width: int, env: dict | None = None) -> float:
+    out = subprocess.run([sys.executable, "-c", LOOP, str(threads), str(steps), str(width)], env=env,
+                         capture_output=True, text=True, check=True)
     return float(out.stdout.strip())
 
 
-def beside(threads: int, steps: int, env: dict | None, nice: int) -> float:
-    """The loop's seconds while a one-thread copy runs (started first, with more steps; stopped after)."""
-    neighbour = subprocess.Popen([sys.executable, "-c", LOOP, "1", str(steps * 4)], stdout=subprocess.DEVNULL,
-                                 preexec_fn=(lambda: os.nice(nice)) if nice else None)
-    time.sleep(1.0)  # past its imports: busy
+def _lower(how: str):
+    if how == "nice19":
+        return lambda: os.nice(19)
+    if how == "idle":
+        return lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    return None
+
+
+def beside(threads: int, steps: int, width: int, env: dict | None, how: str = "") -> float:
+    """The loop's seconds while a one-thread copy runs (started first, with more steps; stopped after), at normal
+    priority, at ``nice`` 19 (``how="nice19"``) or under ``SCHED_IDLE`` (``how="idle"``)."""
+    neighbour = subprocess.Popen([sys.executable, "-c", LOOP, "1", str(steps * 20), str(width)],
+                                 stdout=subprocess.DEVNULL, preexec_fn=_lower(how))
+    time.sleep(1.5)  # past its imports: busy
     try:
-        return loop_seconds(threads, steps, env)
+        return loop_seconds(threads, steps, width, env)
     finally:
         neighbour.kill()
         neighbour.wait()
@@ -54,16 +64,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--width", type=int, default=256, help="the linear layers' width (64: a tiny model's many "
+                    "short parallel regions)")
     args = ap.parse_args()
     if (os.cpu_count() or 1) < 2:
         sys.exit("needs at least two cores")
     passive = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    n, w = args.steps, args.width
     arms = {
-        "alone": lambda: loop_seconds(2, args.steps),
-        "beside a 1-thread process": lambda: beside(2, args.steps, None, 0),
-        "PASSIVE, alone": lambda: loop_seconds(2, args.steps, passive),
-        "PASSIVE, beside a 1-thread process": lambda: beside(2, args.steps, passive, 0),
-        "beside a 1-thread process at nice 19": lambda: beside(2, args.steps, None, 19),
+        "alone": lambda: loop_seconds(2, n, w),
+        "beside a 1-thread process": lambda: beside(2, n, w, None),
+        "PASSIVE, alone": lambda: loop_seconds(2, n, w, passive),
+        "PASSIVE, beside a 1-thread process": lambda: beside(2, n, w, passive),
+        "beside a 1-thread process at nice 19": lambda: beside(2, n, w, None, "nice19"),
+        "beside a 1-thread process, SCHED_IDLE": lambda: beside(2, n, w, None, "idle"),
     }
     times: dict[str, list[float]] = {name: [] for name in arms}
     for r in range(args.repeats):
@@ -73,7 +87,8 @@ def main() -> None:
             times[name].append(arms[name]())
     from plelab.precision import cpu_model
 
-    print(f"{cpu_model()}, {os.cpu_count()} CPUs; a 2-thread loop of {args.steps} steps, medians of {args.repeats}")
+    print(f"{cpu_model()}, {os.cpu_count()} CPUs; a 2-thread loop of {n} steps at width {w}, medians of "
+          f"{args.repeats}")
     base = statistics.median(times["alone"])
     for name, ts in times.items():
         med = statistics.median(ts)

@@ -5,8 +5,8 @@ Tiny models train bound by Python on one core, so under most tests the 2-core ma
 ``conftest.py`` starts one process for the selected jobs when the session starts, runs the marked tests last, and
 the fixture :func:`result` waits for its job's folder. Nothing is faked: the job runs the same plelab calls the
 test made itself before, in a process set up as the suite's (no bf16 flags, so ``train.precision=auto`` is fp32;
-flush-denormal on; its own cache folder), on one torch thread and at the lowest priority (``nice`` 19), so that
-it only ever takes a core the suite leaves idle.
+flush-denormal on; its own cache folder), on one torch thread and in the kernel's idle class (``SCHED_IDLE``;
+``nice`` 19 where there is none), so that it only ever takes a core the suite leaves idle.
 
 ``python tests/background.py ROOT NAME...`` runs the jobs one after another into ``ROOT/NAME``; each writes
 ``ROOT/NAME.done`` (its wall and CPU seconds) when it finished, or ``ROOT/NAME.failed`` with its traceback.
@@ -128,7 +128,7 @@ class Background:
                 took = "not finished"
             wait = f", waited {self.waited[name]:.0f} s" if name in self.waited else ""
             parts.append(f"{name} {took}{wait}")
-        return f"background jobs (nice 19, beside the suite): {'; '.join(parts)}"
+        return f"background jobs (idle priority, beside the suite): {'; '.join(parts)}"
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -145,10 +145,14 @@ def _run(root: Path, names: list[str]) -> int:
     import plelab.precision
     import plelab.runtime
 
-    # the lowest priority: the job takes a core only while the suite leaves it idle. At equal priority its busy core
-    # stalls the suite's two-thread runs, whose threads spin at each barrier for the other (measured: a 2-thread
-    # training loop 2.4x slower beside a 1-thread one; beside the same at nice 19, as fast as alone)
-    os.nice(19)
+    # the idle class: the job takes a core only while the suite leaves it idle, and a suite thread that wakes takes
+    # it back at once. At equal priority its busy core stalls the suite's two-thread runs, whose threads wait at
+    # each barrier for the other; at nice 19 still by a time slice now and then (bench/cores_beside.py, a tiny
+    # 2-thread loop: 6.6x slower beside a 1-thread process, 1.56x beside it at nice 19, 1.04x beside it idle)
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    else:
+        os.nice(19)
     # one thread, also where plelab sets the count from the cores it may use (runtime.setup_torch): two threads of a
     # starved process would spin at each barrier for each other (seen: ≈ 19 min of CPU for ≈ 3 min of work)
     plelab.runtime.available_cores = lambda: 1

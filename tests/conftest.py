@@ -66,6 +66,7 @@ def tiny_data():
 _BACKGROUND: list = []
 
 
+@pytest.hookimpl(trylast=True)  # after -m / -k deselected what will not run
 def pytest_collection_modifyitems(config, items):
     """Start one background process for the jobs the selected tests name (``@pytest.mark.background("job")``) and
     run those tests last, by when their jobs have long finished."""
