@@ -14,8 +14,10 @@ flush-denormal on; its own cache folder), on one torch thread and in the kernel'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +25,6 @@ import time
 import traceback
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
 WAIT_S = 3600  # the longest a fixture waits: the jobs take ≈ 3–4 min on the project's 2-core machine
 
 
@@ -37,14 +38,20 @@ def quick_calibration(out: Path) -> None:
 VERDICT_STEPS = 300
 
 
+def tiny_tokens():
+    """The embedded corpus tokenised with a 512-entry BPE (conftest's session fixture ``tiny_data`` too)."""
+    from plelab.data import get_tokenizer, load_corpus, prepare_tokens
+
+    corpus = load_corpus(None)
+    return prepare_tokens(corpus, get_tokenizer(corpus, 512, show_progress=False), 0.05)
+
+
 def verdict_runs(out: Path) -> None:
     """Text PLE keyed by the tokens and by i.i.d. ids, two seeds each (``tests/test_diagnostics_verdict.py``)."""
     from plelab.config import resolve_config
-    from plelab.data import get_tokenizer, load_corpus, prepare_tokens
     from plelab.runs import train
 
-    corpus = load_corpus(None)
-    data = prepare_tokens(corpus, get_tokenizer(corpus, 512, show_progress=False), 0.05)
+    data = tiny_tokens()
     for ids in ("token", "iid"):
         for seed in (0, 1):
             cfg = resolve_config("cpu-tiny", [f"ple.ids={ids}", "train.checkpoint_every=0", "train.eval_every=150",
@@ -88,7 +95,7 @@ class Background:
         if unknown:
             raise ValueError(f"no background job {unknown}: the jobs are {sorted(JOBS)}")
         self.root, self.names = root, names
-        self.started, self.waited = time.monotonic(), {}
+        self.waited: dict[str, float] = {}
         root.mkdir(parents=True, exist_ok=True)
         self.log = root / "background.log"
         env = {**os.environ, "PLELAB_CACHE": str(root / "cache")}
@@ -132,10 +139,8 @@ class Background:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, 9)
-            except ProcessLookupError:
-                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
 

@@ -55,11 +55,9 @@ def sweep_dir(tmp_path_factory, tiny_data):
 @pytest.fixture(scope="session")
 def tiny_data():
     """The embedded corpus tokenised with a 512-entry BPE (trained once per session)."""
-    from plelab.data import get_tokenizer, load_corpus, prepare_tokens
+    from background import tiny_tokens
 
-    corpus = load_corpus(None)
-    tok = get_tokenizer(corpus, 512, show_progress=False)
-    return prepare_tokens(corpus, tok, 0.05)
+    return tiny_tokens()
 
 
 # ---- the longest fixtures, computed beside the suite (tests/background.py) --------------------------------------
