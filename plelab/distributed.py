@@ -31,6 +31,15 @@ class DistInfo:
         return self.world_size > 1
 
 
+def launch_rank() -> int:
+    """This process's rank as the launcher set it (``RANK`` under torchrun with ``WORLD_SIZE`` > 1, else 0), known
+    before the process group is joined."""
+    try:
+        return int(os.environ["RANK"]) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+    except (KeyError, ValueError):
+        return 0
+
+
 def init_distributed(device_kind: str) -> DistInfo:
     """Join the torchrun process group if there is one (no-op for a single process)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -201,3 +201,32 @@ def test_a_second_sweep_on_one_folder_is_refused_naming_the_holder(tmp_path):
     assert not (tmp_path / ".lock").exists()  # let go: the file goes with it
     with sweep_lock(tmp_path):  # and the folder can be taken again
         pass
+
+
+def test_only_rank_0_asks_the_lock_before_a_torchrun_start(tmp_path, monkeypatch):
+    """Every torchrun rank runs ``check_start`` before the process group exists; only rank 0 (the rank that holds the
+    folder) may probe the lock: ranks probing together saw each other's half-written lock file ("a process that has
+    not said its PID yet") and a late rank saw its own rank 0's lock, so a resume under load was refused."""
+    from plelab.config import resolve_config
+    from plelab.runs import check_start
+
+    cfg = resolve_config("cpu-tiny", [])
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        for rank in ("1", "2"):
+            monkeypatch.setenv("RANK", rank)
+            check_start(cfg, run, resume=True)  # rank 0 holds it (here: the holder), this rank does not ask
+        monkeypatch.setenv("RANK", "0")
+        with pytest.raises(FolderBusy, match=f"PID {holder.pid} on "):
+            check_start(cfg, run, resume=True)
+        monkeypatch.setenv("WORLD_SIZE", "1")  # a single process is rank 0 whatever RANK says
+        monkeypatch.setenv("RANK", "1")
+        with pytest.raises(FolderBusy, match=f"PID {holder.pid} on "):
+            check_start(cfg, run, resume=True)
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)

@@ -19,7 +19,7 @@ from plelab.config.budget import check_run_budget, check_tokenizer_vocab
 from plelab.config.schema import RunConfig
 from plelab.data.pipeline import data_sources
 from plelab.diagnostics.live import LiveDiagnostics
-from plelab.distributed import DistInfo, init_distributed, shutdown
+from plelab.distributed import DistInfo, init_distributed, launch_rank, shutdown
 from plelab.integrations import hosts  # noqa: F401  (registers the HF and factory trunks)
 from plelab.locks import RUN_LOCK, FolderLock
 from plelab.runtime import resolve_device
@@ -74,13 +74,14 @@ def default_observers(task: Task) -> list[Observer]:
 def check_start(cfg: RunConfig, out_dir: str | Path | None, resume: bool) -> None:
     """What refuses a run before its data step (which can take minutes): a new run into a folder that holds one, a
     folder another plelab process is writing, an optional metrics sink that is not installed. The trainer checks them
-    again when it opens the folder (under its lock)."""
+    again when it opens the folder (under its lock). Under torchrun only rank 0 asks the lock (the rank that will hold
+    it): ranks probing at once saw each other's half-written lock file, and a late rank saw rank 0's own lock."""
     MetricSinks.check_available(cfg.train)
     if out_dir is None:
         return
     run = Path(out_dir)
     check_new_run(run, resume)
-    if (run / RUN_LOCK).exists():  # FolderBusy names the holder; a stale file of a dead one is taken and let go
+    if launch_rank() == 0 and (run / RUN_LOCK).exists():  # FolderBusy names the holder; a stale file of a dead one is taken and let go
         try:
             lock = FolderLock.acquire(run)
         except OSError:
