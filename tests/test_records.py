@@ -1,5 +1,5 @@
 """Run records: a sweep_dir sweep carried without its weights reads back the same results, resumes without redoing
-a run, grows, feeds the scaling fit, and refuses damaged records and calibration without checkpoints."""
+a run, grows, feeds the scaling fit, and refuses damaged records."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_a_packed_sweep_reads_back_the_same_results_and_never_reruns(sweep_dir, 
         f"records/{arm}/seed-{s}.json.gz" for arm in arms for s in (0, 1))
     assert all(p.stat().st_size < 60_000 for p in records)  # no weights
     dest = tmp_path / "carried"
-    assert pack(sweep_dir, dest) == {"sweeps": 1, "records": n, "written": 0}  # the runner wrote them as runs ended
+    assert pack(sweep_dir, dest) == {"sweeps": 1, "records": n, "written": 0, "evidence": 0}  # the runner wrote them as runs ended
     assert sorted(p.name for p in dest.iterdir()) == ["records", "sweep.json"]
 
     here, there = collect(sweep_dir), collect(dest)
@@ -70,7 +70,7 @@ def test_pack_a_sweep_that_predates_records(sweep_dir, tmp_path):
     shutil.rmtree(old / "records")
     r = pack(old, tmp_path / "out")
     n = 2 * len(load_spec(old).runnable())
-    assert r == {"sweeps": 1, "records": n, "written": n} and (old / "records" / "dp0" / "seed-0.json.gz").is_file()
+    assert r == {"sweeps": 1, "records": n, "written": n, "evidence": 0} and (old / "records" / "dp0" / "seed-0.json.gz").is_file()
     assert _without_structure(collect(tmp_path / "out")) == _without_structure(collect(sweep_dir))
 
 
@@ -94,19 +94,3 @@ def test_damaged_records_and_bad_pack_targets_are_one_line_errors(sweep_dir, tmp
         assert needle in err and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
     assert not (sweep_dir / "inside").exists()
 
-
-def test_calibration_refuses_runs_held_only_as_records(tmp_path):
-    from plelab.calibration.features import regime_calls
-    from plelab.sweeps.spec import save_spec
-
-    regime = tmp_path / "tiny-stdlib"
-    spec = tiny_spec(kind="calibrate", arms=[a for a in tiny_spec().arms if a.name in ("dp0", "dp8")])
-    save_spec(regime, spec)
-    for job in jobs_of(regime, spec):  # every run carried as a record, no folder
-        rec = record_path(job.path)
-        rec.parent.mkdir(parents=True, exist_ok=True)
-        summary = {"steps": job.cfg.train.steps, "config": job.cfg.to_dict()}
-        rec.write_bytes(gzip.compress(json.dumps({"format": "plelab-run-record", "version": VERSION,
-                                                  "summary": summary, "metrics": [], "checkpoints": {}}).encode()))
-    with pytest.raises(PlelabError, match="held only as records"):
-        regime_calls(regime)

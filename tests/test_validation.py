@@ -136,3 +136,30 @@ def test_what_the_plan_refuses(validated, corpus, tmp_path, monkeypatch, capsys)
         assert "not a readable calibration.json" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "n"), "--preregister", "--corpus", "x=/no/such.txt"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_regime_carried_without_its_weights_scores_the_same(validated, tmp_path):
+    """A validation rung outlives its machine: ``plelab pack`` writes each finished arm's evidence (what its calls
+    read from the weights) beside the run records, which keep every decision point's use test; a regime whose run
+    folders are gone then gives the same calls. An arm held only as records without evidence is refused."""
+    from plelab.calibration.evidence import evidence_path
+    from plelab.calibration.features import regime_calls
+    from plelab.sweeps.commands import pack
+    from plelab.sweeps.runner import jobs_of
+
+    out, _ = validated
+    spec = load_spec(out / "t-src")
+    order = [(j.arm.name, j.seed) for j in jobs_of(out / "t-src", spec)]
+    assert order[:3] == [("none-dp0", 100), ("none-dp0", 101), ("none-dp0", 102)]  # arm by arm, seeds inner
+    carried = tmp_path / "carried"
+    packed = pack(out, carried)
+    assert packed["records"] == 18 and packed["evidence"] == 4  # real, near0, iid, gate0; zero and none uncalled
+    assert pack(out, tmp_path / "again")["evidence"] == 0  # written once
+    assert not (carried / "t-src" / "runs").exists() and evidence_path(carried / "t-src", "real-dp16").is_file()
+    here = [c.to_dict() for c in regime_calls(out / "t-src")]
+    there = [c.to_dict() for c in regime_calls(carried / "t-src")]
+    assert there == here and len(here) == 4 * 8 * 9  # 4 called arms × 8 points × (3 pairs + 3 seeds × 2 calls)
+    evidence_path(carried / "t-src", "iid-dp16").unlink()
+    with pytest.raises(PlelabError, match="held only as records .* no evidence file"):
+        regime_calls(carried / "t-src")

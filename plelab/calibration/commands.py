@@ -30,7 +30,8 @@ from plelab.calibration.evaluate import (
     shipped_thresholds,
     time_curve,
 )
-from plelab.calibration.features import STRATA, Call, benchmark_calls
+from plelab.calibration.evidence import STRATA
+from plelab.calibration.features import Call, benchmark_calls
 from plelab.calibration.planted import PLANTED_VOCAB, write_planted
 from plelab.calibration.report import calibration_text
 from plelab.calibration.truth import TRUTHS

@@ -30,29 +30,19 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-import torch
-
+from plelab.calibration import evidence
 from plelab.calibration.benchmark import DECISIONS, LEARNED_BY_CLASS, mechanism_of
 from plelab.calibration.truth import NO_BENEFIT, NOT_USED, REFERENCES, WEAK, benefit_truth, used_truth
-from plelab.data.tokens import disjoint_val_windows
-from plelab.diagnostics.agreement import cka_against_null
-from plelab.diagnostics.diagnose import RunTable
-from plelab.diagnostics.tables import find_table
-from plelab.diagnostics.usage import ablation_losses
-from plelab.diagnostics.verdict import structure_z, use_z
+from plelab.diagnostics.verdict import use_z
 from plelab.errors import PlelabError
-from plelab.model.init import build_model
-from plelab.model.tables import model_table, table_view
+from plelab.model.tables import table_view
 from plelab.runs import prepare_data
-from plelab.training.checkpoint import load_model_weights
-from plelab.training.rows import null_ids
+from plelab.sweeps.records import read_jsonl, read_record
 from plelab.sweeps.results import checkpoint_path
 from plelab.sweeps.runner import RunJob, folder_done, jobs_of, run_state
 from plelab.sweeps.spec import load_spec
 
 LAST_K = 3  # a run's final loss: the mean of its last 3 evaluations (the sweeps' rule)
-STRATA = ("frequent", "rare")  # the rows above / at or below the median count of the rows both seeds used
-MIN_STRATUM_ROWS = 8
 
 
 @dataclass
@@ -90,28 +80,46 @@ class _Run:
     final: float
 
 
+def _sources(job: RunJob) -> tuple[list[dict], dict[int, dict | None]]:
+    """The run's metrics rows and ``{step: diagnostics.json}`` of its checkpoints: from its folder, else from its
+    record (:mod:`plelab.sweeps.records`; a calibrate run's record keeps every decision point's use test)."""
+    if folder_done(job):
+        rows = read_jsonl(job.path / "metrics.jsonl")
+        return rows, {}
+    record = read_record(job.path) or {}
+    diags = {int(step): c.get("diagnostics") for step, c in (record.get("checkpoints") or {}).items()}
+    return record.get("metrics") or [], diags
+
+
 def _read_run(job: RunJob, steps: list[int]) -> _Run:
-    rows = [json.loads(line) for line in (job.path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows, recorded = _sources(job)
     history = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
     val = dict(history)
     missing = [s for s in steps if s not in val]
     if missing:
-        raise PlelabError(f"{job.path}: no evaluation at step {missing[0]} in metrics.jsonl; delete that run folder "
-                          "and rerun plelab calibrate to redo it")
+        raise PlelabError(f"{job.path}: no evaluation at step {missing[0]} in its metrics; delete that run (its "
+                          "folder and record) and rerun plelab calibrate to redo it")
     use = {}
+    final = float(np.mean([v for _, v in history[-LAST_K:]]))
     if job.cfg.ple.table == "zero" or (job.cfg.ple.dim == 0 and not job.cfg.aux.extra):
-        return _Run(job, use, val, history, float(np.mean([v for _, v in history[-LAST_K:]])))
+        return _Run(job, use, val, history, final)
     for step in steps:
-        path = checkpoint_path(job.path, step) / "diagnostics.json"
-        try:
-            diag = json.loads(path.read_text())
-        except (OSError, ValueError):
-            raise PlelabError(f"{path} is missing or unreadable; delete {job.path} and rerun plelab calibrate to "
-                              "redo that run") from None
+        if folder_done(job):
+            path = checkpoint_path(job.path, step) / "diagnostics.json"
+            try:
+                diag = json.loads(path.read_text())
+            except (OSError, ValueError):
+                raise PlelabError(f"{path} is missing or unreadable; delete {job.path} and rerun plelab calibrate "
+                                  "to redo that run") from None
+        else:
+            diag = recorded.get(step)
+            if diag is None:
+                raise PlelabError(f"{job.path}'s record has no use test at step {step} (a record written before "
+                                  "calibrate runs kept every decision point): retrain that run")
         perm = (diag.get("use") or {}).get("permute")
         if perm is not None:
             use[step] = (float(perm["delta"]), float(perm["se"]))
-    return _Run(job, use, val, history, float(np.mean([v for _, v in history[-LAST_K:]])))
+    return _Run(job, use, val, history, final)
 
 
 def _slope(history: list[tuple[int, float]], step: int) -> float:
@@ -123,39 +131,18 @@ def _slope(history: list[tuple[int, float]], step: int) -> float:
     return float(np.polyfit(s / 1000, v, 1)[0])
 
 
-def _cka_z(da, db, counts: np.ndarray, seed: int) -> float:
-    res = cka_against_null(da.flatten(1), db.flatten(1), counts, seed=seed)
-    return structure_z(res["cka"], res["null_mean"], res["null_sd"])
-
-
-def _ablation(job: RunJob, step: int, data, windows: torch.Tensor) -> np.ndarray:
-    """USED's truth for one run: the per-window loss change ``[n_w]`` at ``step`` when every row is replaced by
-    its frequency bin's mean (:func:`ablation_losses`), on ``windows`` (disjoint from the use test's)."""
-    ckpt = checkpoint_path(job.path, step)
-    table = RunTable(find_table(ckpt), data)
-    model = build_model(table.cfg.model, table.cfg.ple, seed=table.cfg.seed, ac=table.cfg.aux)
-    load_model_weights(model, ckpt)
-    iid = null_ids(table.cfg, data)
-    return ablation_losses(model, windows, table.counts, batch=16, device=torch.device("cpu"), iid=iid,
-                           table=model_table(model)).numpy()
-
-
-def _structure(runs: list[_Run], step: int, data) -> list[tuple[int, int, float, dict[str, float]]]:
-    """``(seed_a, seed_b, z, {stratum: z})`` for cyclic seed pairs of one configuration at ``step``; the strata
-    (:data:`STRATA`) split the rows both seeds used at their median count, each with its own null."""
-    seeds = [r.job.seed for r in runs]
-    pairs = [(seeds[i], seeds[(i + 1) % len(seeds)]) for i in range(len(seeds))]
-    tables = {r.job.seed: RunTable(find_table(checkpoint_path(r.job.path, step)), data) for r in runs}
-    out = []
-    for a, b in pairs:
-        ta, tb = tables[a], tables[b]
-        both = (ta.counts > 0) & (tb.counts > 0)
-        da, db, counts = ta.delta[both], tb.delta[both], ta.counts[both]
-        frequent = counts > np.median(counts)
-        strata = {name: _cka_z(da[rows], db[rows], counts[rows], a)
-                  for name, rows in zip(STRATA, (frequent, ~frequent)) if rows.sum() >= MIN_STRATUM_ROWS}
-        out.append((a, b, _cka_z(da, db, counts, a), strata))
-    return out
+def _evidence(folder: Path, runs: list[_Run], steps: list[int], data, windows) -> dict:
+    """The arm's evidence (:mod:`.evidence`): its file where it was written, else computed from the run folders."""
+    jobs = [r.job for r in runs]
+    found = evidence.read(folder, jobs[0].arm.name, [j.seed for j in jobs], steps)
+    if found is not None:
+        return found
+    held = [j.name for j in jobs if not folder_done(j)]
+    if held:
+        raise PlelabError(f"{folder}: {len(held)} runs of arm {jobs[0].arm.name} are held only as records (e.g. "
+                          f"{held[0]}) and the arm has no evidence file (evidence/{jobs[0].arm.name}.json, written by "
+                          "plelab pack while the run folders were there): retrain them where the folders are")
+    return evidence.compute(jobs, steps, data, windows)
 
 
 def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
@@ -168,13 +155,8 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
     if unfinished:
         raise PlelabError(f"{folder}: {len(unfinished)} runs are not finished (e.g. {unfinished[0]}); rerun plelab "
                           "calibrate with the same --out to finish them")
-    recorded = [j.name for j in jobs if not folder_done(j)]
-    if recorded:
-        raise PlelabError(f"{folder}: {len(recorded)} runs are held only as records (e.g. {recorded[0]}), without the "
-                          "checkpoints calibration reads at every decision point; calibrate where the run folders are")
     scale, _, corpus = folder.name.partition("-")
-    every = spec.steps // DECISIONS
-    steps = [every * k for k in range(1, DECISIONS + 1)]
+    steps = evidence.decision_steps(spec, DECISIONS)
     data = prepare_data(jobs[0].cfg, progress=False)
     by_arm: dict[str, list[_Run]] = {}
     for job in jobs:
@@ -184,8 +166,7 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
         raise PlelabError(f"{folder} has no {missing[0]} arm (BENEFIT's no-PLE reference; a folder made before it "
                           "was added): rerun plelab calibrate with the same --out to train it")
     cfg = jobs[0].cfg
-    windows = disjoint_val_windows(data.val, cfg.train.seq_len, cfg.train.diag_windows,
-                                   avoid=cfg.train.eval_batches * cfg.train.batch_size)
+    windows = evidence.truth_windows(cfg, data)
     per_step = cfg.train.batch_size * cfg.train.seq_len
     calls: list[Call] = []
     bar = tqdm(total=len(by_arm) * len(steps), desc=f"calls {folder.name}", disable=not progress, leave=False)
@@ -207,8 +188,8 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
                         strata or {}, apart, mechanism)
 
         finals = {r.job.seed: r for r in runs}
-        ablation = ({} if arm.family in NOT_USED else
-                    {s: _ablation(r.job, spec.steps, data, windows) for s, r in finals.items()})
+        found = _evidence(folder, runs, steps, data, windows)
+        ablation = {int(s): np.asarray(v, dtype=np.float64) for s, v in found["ablation"].items()}
         truths = {}  # seed -> the USED and BENEFIT truths: by construction, or read off the other seeds' finals
         for s in finals:
             others = [x for x in finals if x != s]
@@ -220,7 +201,7 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
             truths[s] = used, benefit
         weak = "weak positive: labelled by its construction only" if arm.family in WEAK else ""
         for step in steps:
-            for a, b, z, strata in _structure(runs, step, data):
+            for a, b, z, strata in found["structure"][str(step)]:
                 calls.append(call("LEARNED", [a, b], step, z, LEARNED_BY_CLASS[arm.family], "by construction",
                                   strata=strata, apart=weak))
             for r in runs:

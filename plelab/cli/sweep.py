@@ -170,7 +170,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def cmd_pack(args: argparse.Namespace) -> int:
     r = pack(args.src, args.dest)
     print(f"packed {r['records']} finished run(s) of {r['sweeps']} sweep(s) into {args.dest} ({r['written']} record(s) "
-          f"written now); copy it back and rerun the study's command with --out at the copy to resume")
+          f"written now" + (f"; evidence of {r['evidence']} finished calibrate arm(s)" if r["evidence"] else "")
+          + "); copy it back and rerun the study's command with --out at the copy to resume")
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -223,23 +224,31 @@ def lr_search(out: str | Path, *, mults: Sequence[float] = DEFAULT_MULTS, search
     return choice
 
 
+# kinds of sweep whose weights hold more than the run records carry -> the module whose ``carry(root)`` writes it
+# beside the records before a pack (loaded by name: it lives in a higher layer)
+CARRY_MODULES = {"calibrate": "plelab.calibration.evidence"}
+
+
 def pack(src: str | Path, dest: str | Path) -> dict:
     """Carry the sweep in ``src`` (or every sweep under it, e.g. a ``plelab demo --long`` folder) without its weights:
-    write the record of every finished run that has none (:mod:`plelab.sweeps.records`), then copy each sweep's
-    ``sweep.json`` and ``records/`` to the same place under ``dest``. To resume elsewhere, copy ``dest`` there and
+    write the record of every finished run that has none (:mod:`plelab.sweeps.records`) and, for a calibrate
+    regime, the evidence of every finished arm (:data:`CARRY_MODULES`), then copy each sweep's ``sweep.json``,
+    ``records/`` and ``evidence/`` to the same place under ``dest``. To resume elsewhere, copy ``dest`` there and
     rerun the study's command with ``--out`` at the copy: the recorded runs count as finished. Returns
-    ``{"sweeps", "records", "written"}``."""
+    ``{"sweeps", "records", "written", "evidence"}``."""
     src, dest = Path(src), Path(dest)
     roots = sweep_roots(src) if src.is_dir() else []
     if not roots:
         raise PlelabError(f"{src} holds no plelab sweep (no sweep.json in it or below); give a sweep's --out folder")
     if dest.resolve() == src.resolve() or src.resolve() in dest.resolve().parents:
         raise PlelabError(f"{dest} is inside {src}: pack into a folder outside the sweep")
-    written = 0
+    written = evidence = 0
     for root in roots:
         spec = load_spec(root)
         for job in jobs_of(root, spec):
             if folder_done(job) and not record_path(job.path).is_file():
                 record_finished(job)
                 written += 1
-    return {"sweeps": len(roots), "records": copy_records(src, dest), "written": written}
+        if spec.kind in CARRY_MODULES:
+            evidence += importlib.import_module(CARRY_MODULES[spec.kind]).carry(root)
+    return {"sweeps": len(roots), "records": copy_records(src, dest), "written": written, "evidence": evidence}

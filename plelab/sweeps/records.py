@@ -13,13 +13,15 @@ sweep's report reads from it is small. A record keeps exactly that::
      "checkpoints": {step: {"diagnostics": diagnostics.json or null, "row_counts": [...] or null}},
      "plan": the run's plan.json (the sweep's analysis plan hash, when it was declared and the run prepared) or null}
 
-for the checkpoints the report reads (the early one and the final one). The runner writes a run's record as soon
+for the checkpoints the report reads (the early one and the final one; every periodic checkpoint of a calibrate
+regime's run, whose calls read each decision point's use test). The runner writes a run's record as soon
 as the run finishes; :func:`pack` writes the missing ones of a sweep (or of every sweep under a folder) and copies
 ``sweep.json`` and the records to another folder — a few tens of kB per run, small enough to commit.
 
 A sweep folder holding a run's record counts that run as finished (the runner never redoes it) and reads its
 results from the record when its folder is gone. What a record cannot carry is the table itself: the cross-seed
-structure test compares the seeds' tables, so it is read only on runs whose checkpoints are present.
+structure test compares the seeds' tables, so it is read only on runs whose checkpoints are present (a calibrate
+regime's finished arms carry what their calls need from the tables as ``evidence/``: :mod:`plelab.calibration.evidence`).
 """
 
 from __future__ import annotations
@@ -155,20 +157,24 @@ def sweep_roots(folder: Path) -> list[Path]:
     return sorted({p.parent for p in folder.rglob("sweep.json")}, key=lambda p: (len(p.parts), str(p)))
 
 
+CARRIED = ("records/*/*" + SUFFIX, "evidence/*.json")  # what a pack copies besides sweep.json
+
+
 def copy_records(src: Path, dest: Path) -> int:
-    """Copy every sweep's ``sweep.json`` and ``records/`` under ``src`` to the same place under ``dest``; the
-    number of records copied."""
+    """Copy every sweep's ``sweep.json``, ``records/`` and ``evidence/`` (a calibrate regime's finished arms) under
+    ``src`` to the same place under ``dest``; the number of records copied."""
     src, dest = Path(src), Path(dest)
     count = 0
     for root in sweep_roots(src):
         target = dest / root.relative_to(src)
         target.mkdir(parents=True, exist_ok=True)
         atomic_write(target / "sweep.json", lambda p, s=root / "sweep.json": shutil.copyfile(s, p))
-        for rec in sorted((root / "records").glob(f"*/*{SUFFIX}")):
-            out = target / rec.relative_to(root)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(out, lambda p, s=rec: shutil.copyfile(s, p))
-            count += 1
+        for pattern in CARRIED:
+            for rec in sorted(root.glob(pattern)):
+                out = target / rec.relative_to(root)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(out, lambda p, s=rec: shutil.copyfile(s, p))
+                count += rec.name.endswith(SUFFIX)
     return count
 
 

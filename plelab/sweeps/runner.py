@@ -55,6 +55,7 @@ class RunJob:
     seed: int
     path: Path
     cfg: RunConfig
+    every_checkpoint: bool = False  # its record keeps every periodic checkpoint (a calibrate regime's decision points)
 
     @property
     def name(self) -> str:
@@ -82,12 +83,16 @@ def _saved_or_resolved(spec: SweepSpec, arm: Arm, seed: int, path: Path, study: 
 
 def jobs_of(root: Path, spec: SweepSpec, study: str | None = None) -> list[RunJob]:
     """Every run of the sweep (seeds outer, so that the first finished seed pairs every arm); an unstarted run in
-    the study precision ``study`` (see :func:`run_config`)."""
+    the study precision ``study`` (see :func:`run_config`). A calibrate regime runs arm by arm instead (seeds
+    inner): its calls need every seed of an arm, and a finished arm can be carried to another machine
+    (:mod:`plelab.calibration.evidence`) while the others are still to run."""
+    by_arm = spec.kind == "calibrate"
+    order = ([(seed, arm) for arm in spec.runnable() for seed in spec.seeds] if by_arm else
+             [(seed, arm) for seed in spec.seeds for arm in spec.runnable()])
     jobs = []
-    for seed in spec.seeds:
-        for arm in spec.runnable():
-            path = run_dir(root, arm.name, seed)
-            jobs.append(RunJob(arm, seed, path, _saved_or_resolved(spec, arm, seed, path, study)))
+    for seed, arm in order:
+        path = run_dir(root, arm.name, seed)
+        jobs.append(RunJob(arm, seed, path, _saved_or_resolved(spec, arm, seed, path, study), by_arm))
     return jobs
 
 
@@ -120,8 +125,12 @@ def run_state(job: RunJob) -> str:
 
 
 def record_finished(job: RunJob) -> None:
-    """Write the finished run's record (:mod:`plelab.sweeps.records`) with its early and final checkpoints."""
-    write_record(job.path, (job.cfg.train.early_checkpoint, job.cfg.train.steps))
+    """Write the finished run's record (:mod:`plelab.sweeps.records`) with its early and final checkpoints (and
+    every periodic one, for a calibrate regime's run)."""
+    train = job.cfg.train
+    every = range(train.checkpoint_every, train.steps + 1, train.checkpoint_every) if (
+        job.every_checkpoint and train.checkpoint_every) else ()
+    write_record(job.path, (train.early_checkpoint, *every, train.steps))
 
 
 @contextmanager
