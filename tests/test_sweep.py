@@ -461,6 +461,11 @@ def test_the_probe_trains_every_arm_a_dp_study_can_hold(tmp_path):
     assert any(c.ple.ids == "iid" for c in shapes.values()) and len(shapes) >= 8
     for cfg in shapes.values():
         assert eta.probe_rate(cfg, threads=1, steps=1) > 0
+    # the other kinds' i.i.d.-keyed controls (aux.ids=iid; the n-gram table's buckets [B,T,S]): the probe crashed the
+    # full calibration benchmark with --kinds at its first regime that probed one
+    for kind in ("value", "ngram", "modulation"):
+        cfg = resolve_config("cpu-tiny", ["ple.dim=0", f"aux.kind={kind}", "aux.ids=iid"])
+        assert eta.probe_rate(cfg, threads=1, steps=1) > 0
 
 
 def test_sweep_clock_keeps_a_rate_per_shape(tmp_path, monkeypatch):

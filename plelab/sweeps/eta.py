@@ -33,6 +33,7 @@ from plelab.config import RunConfig
 from plelab.errors import PlelabError
 from plelab.model.accounting import flops_per_token
 from plelab.model.init import build_model
+from plelab.model.tables import table_view
 from plelab.runtime import available_cores
 from plelab.sweeps.records import read_record
 from plelab.training.checkpoint import list_checkpoints
@@ -58,6 +59,18 @@ PROBE_STEPS = 5
 PROBE_SHAPES = 32
 
 
+def probe_table_ids(cfg: RunConfig, ids: torch.Tensor, gen: torch.Generator) -> torch.Tensor | None:
+    """Rows for the ``iid`` control of PLE (``ple.ids``) or of another kind (``aux.ids``), drawn uniformly apart
+    from the tokens (the same lookups, so the same FLOPs; the run draws them by frequency): ``[B,T]``, or
+    ``[B,T,S]`` buckets for the n-gram table; None for a table keyed by its real ids."""
+    ac = cfg.aux
+    if not (ac.ids == "iid" if ac.extra else cfg.ple.enabled and cfg.ple.ids == "iid"):
+        return None
+    view = table_view(cfg.model, cfg.ple, ac)
+    slots = len(ac.orders) * ac.heads if ac.extra and ac.kind == "ngram" else 1
+    return torch.randint(0, view.rows, (*ids.shape, slots) if slots > 1 else ids.shape, generator=gen)
+
+
 def probe_rate(cfg: RunConfig, threads: int, steps: int = PROBE_STEPS) -> float:
     """Model FLOP/s of one worker training ``cfg`` on ``threads`` CPU threads: the median of ``steps`` training
     steps (forward, backward over ``train.grad_accum`` micro-batches, AdamW), after :data:`PROBE_WARMUP` warm-up
@@ -74,9 +87,7 @@ def probe_rate(cfg: RunConfig, threads: int, steps: int = PROBE_STEPS) -> float:
         opt = build_optimizer(model, t)
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, mc.vocab_size, (t.batch_size // t.grad_accum, t.seq_len), generator=gen)
-        # the iid control's rows are drawn apart from the tokens (the same lookups, so the same FLOPs)
-        table_ids = (torch.randint(0, cfg.ple.resolved_vocab_size(mc), ids.shape, generator=gen)
-                     if cfg.ple.enabled and cfg.ple.ids == "iid" else None)
+        table_ids = probe_table_ids(cfg, ids, gen)
         times = []
         for _ in range(PROBE_WARMUP + steps):
             start = time.perf_counter()
