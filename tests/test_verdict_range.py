@@ -9,7 +9,7 @@ from plelab.config.schema import TrainConfig
 from plelab.diagnostics import verdict as V
 
 
-def test_shipped_thresholds_and_an_old_calibration_said_to_count_calls():
+def test_shipped_thresholds_quote_rates_per_configuration_and_an_old_calibration_says_it_counted_calls(monkeypatch):
     cal = V.calibration()
     assert {"thresholds", "regimes", "reliability"} <= set(cal)
     lo, hi, at = V.thresholds("LEARNED", 0.3)
@@ -20,9 +20,19 @@ def test_shipped_thresholds_and_an_old_calibration_said_to_count_calls():
     reg = cal["regimes"][0]
     near = V.verdict_reliability(reg["hidden_size"], reg["rows"], reg["dims"][-1], 0.5, 50.0, windows=64,
                                  layers=reg["layers"])
-    # the shipped file counted calls: its rates are not quoted, and it says how to get rates per configuration
-    assert [line.split(":")[0] for line in near] == ["LEARNED", "USED", "BENEFIT"]
-    assert all("not measured per configuration" in line and "rerun plelab calibrate" in line for line in near)
+    # the shipped file counts configurations (refitted after issue 51): each line quotes held out by corpus
+    assert cal["threshold_rule"]["unit"] == "configuration"
+    assert [line.split(" ")[0] for line in near] == ["LEARNED", "USED", "BENEFIT"]
+    assert all(" of a run — " in line and "held out by corpus" in line and "not measured" not in line
+               for line in near), near
+    # a calibration.json that counted calls (the file shipped before issue 51): its rates are not quoted
+    counted = {**cal, "reliability": {k: {n: {**r, "unit": "call"} for n, r in v.items()}
+                                      for k, v in cal["reliability"].items()}}
+    monkeypatch.setattr(V, "calibration", lambda: counted)
+    old = V.verdict_reliability(reg["hidden_size"], reg["rows"], reg["dims"][-1], 0.5, 50.0, windows=64,
+                                layers=reg["layers"])
+    assert all("not measured per configuration" in line and "rerun plelab calibrate" in line for line in old), old
+    monkeypatch.undo()
     assert V.verdict_reliability(reg["hidden_size"], reg["rows"], reg["dims"][-1], None, 50.0, windows=64,
                                  layers=reg["layers"])[0].startswith("outside")
     # the use test's window count is an axis: another count than the benchmark's is outside the range
