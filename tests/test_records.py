@@ -35,7 +35,7 @@ def test_a_packed_sweep_reads_back_the_same_results_and_never_reruns(sweep_dir, 
         f"records/{arm}/seed-{s}.json.gz" for arm in arms for s in (0, 1))
     assert all(p.stat().st_size < 60_000 for p in records)  # no weights
     dest = tmp_path / "carried"
-    assert pack(sweep_dir, dest) == {"sweeps": 1, "records": n, "written": 0, "evidence": 0}  # the runner wrote them as runs ended
+    assert pack(sweep_dir, dest) == {"sweeps": 1, "records": n, "written": 0, "evidence": 0, "held": 0}  # the runner wrote them as runs ended
     assert sorted(p.name for p in dest.iterdir()) == ["records", "sweep.json"]
 
     here, there = collect(sweep_dir), collect(dest)
@@ -70,7 +70,7 @@ def test_pack_a_sweep_that_predates_records(sweep_dir, tmp_path):
     shutil.rmtree(old / "records")
     r = pack(old, tmp_path / "out")
     n = 2 * len(load_spec(old).runnable())
-    assert r == {"sweeps": 1, "records": n, "written": n, "evidence": 0} and (old / "records" / "dp0" / "seed-0.json.gz").is_file()
+    assert r == {"sweeps": 1, "records": n, "written": n, "evidence": 0, "held": 0} and (old / "records" / "dp0" / "seed-0.json.gz").is_file()
     assert _without_structure(collect(tmp_path / "out")) == _without_structure(collect(sweep_dir))
 
 

@@ -3,6 +3,7 @@ run, refused when edited or run from another commit, every run stamped with it, 
 plan's thresholds per configuration — on a tiny rung trained for real."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -139,14 +140,14 @@ def test_what_the_plan_refuses(validated, corpus, tmp_path, monkeypatch, capsys)
 
 
 @pytest.mark.slow
-def test_a_regime_carried_without_its_weights_scores_the_same(validated, tmp_path):
+def test_a_regime_carried_without_its_weights_scores_the_same(validated, tmp_path, capsys):
     """A validation rung outlives its machine: ``plelab pack`` writes each finished arm's evidence (what its calls
     read from the weights) beside the run records, which keep every decision point's use test; a regime whose run
     folders are gone then gives the same calls. An arm held only as records without evidence is refused."""
     from plelab.calibration.evidence import evidence_path
     from plelab.calibration.features import regime_calls
     from plelab.sweeps.commands import pack
-    from plelab.sweeps.runner import jobs_of
+    from plelab.sweeps.runner import jobs_of, run_state
 
     out, _ = validated
     spec = load_spec(out / "t-src")
@@ -163,3 +164,18 @@ def test_a_regime_carried_without_its_weights_scores_the_same(validated, tmp_pat
     evidence_path(carried / "t-src", "iid-dp16").unlink()
     with pytest.raises(PlelabError, match="held only as records .* no evidence file"):
         regime_calls(carried / "t-src")
+    # a session ends mid-arm: the arm's finished seeds are not carried (their weights, which the arm's evidence
+    # needs, stay behind), so the next machine trains the whole arm again instead of never scoring it
+    half = tmp_path / "half"
+    shutil.copytree(out, half)
+    shutil.rmtree(half / "t-src" / "evidence")
+    (half / "t-src" / "runs" / "gate0-dp16" / "seed-102" / "summary.json").unlink()  # its last seed unfinished
+    (half / "t-src" / "records" / "gate0-dp16" / "seed-102.json.gz").unlink()
+    left = pack(half, tmp_path / "half-carried")
+    assert left["evidence"] == 3 and left["held"] == 2
+    moved = load_spec(tmp_path / "half-carried" / "t-src")
+    states = {j.name: run_state(j) for j in jobs_of(tmp_path / "half-carried" / "t-src", moved)}
+    assert [n for n, s in states.items() if s != "done"] == [f"gate0-dp16/seed-{k}" for k in (100, 101, 102)]
+    capsys.readouterr()
+    assert main(["pack", str(half), str(tmp_path / "by-cli")]) == 0
+    assert "2 finished run(s) of unfinished calibrate arms left to train again" in capsys.readouterr().out

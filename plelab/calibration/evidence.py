@@ -38,6 +38,7 @@ from plelab.io import atomic_write, json_safe
 from plelab.model.init import build_model
 from plelab.model.tables import model_table
 from plelab.runs import prepare_data
+from plelab.sweeps.records import record_path
 from plelab.sweeps.results import checkpoint_path
 from plelab.sweeps.runner import RunJob, folder_done, jobs_of
 from plelab.sweeps.spec import load_spec
@@ -160,9 +161,16 @@ def write_evidence(regime: str | Path, decisions: int = 8, log=lambda *a, **k: N
     return len(todo)
 
 
-def carry(regime: Path) -> int:
-    """``plelab pack``'s hook for a calibrate regime (:data:`plelab.sweeps.spec.CARRY_MODULES`)."""
-    return write_evidence(regime)
+def carry(regime: Path) -> tuple[int, list[Path]]:
+    """``plelab pack``'s hook for a calibrate regime (:data:`plelab.sweeps.commands.CARRY_MODULES`): write the
+    evidence of every finished arm, and name the records *not* to carry — those of a called arm that has no
+    evidence (some seed unfinished): carried, its finished seeds would count as done elsewhere while their weights,
+    which the arm's evidence needs, stay behind; left, they train again with the rest of the arm."""
+    written = write_evidence(regime)
+    spec = load_spec(regime)
+    held = [record_path(j.path) for j in jobs_of(regime, spec)
+            if j.arm.family not in UNCALLED and not evidence_path(regime, j.arm.name).is_file()]
+    return written, held
 
 
 __all__ = ["FOLDER", "FORMAT", "VERSION", "carry", "compute", "decision_steps", "evidence_path", "read",

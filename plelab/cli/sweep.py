@@ -171,6 +171,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
     r = pack(args.src, args.dest)
     print(f"packed {r['records']} finished run(s) of {r['sweeps']} sweep(s) into {args.dest} ({r['written']} record(s) "
           f"written now" + (f"; evidence of {r['evidence']} finished calibrate arm(s)" if r["evidence"] else "")
+          + (f"; {r['held']} finished run(s) of unfinished calibrate arms left to train again with their arm"
+             if r["held"] else "")
           + "); copy it back and rerun the study's command with --out at the copy to resume")
     return 0
 

@@ -235,7 +235,8 @@ def pack(src: str | Path, dest: str | Path) -> dict:
     regime, the evidence of every finished arm (:data:`CARRY_MODULES`), then copy each sweep's ``sweep.json``,
     ``records/`` and ``evidence/`` to the same place under ``dest``. To resume elsewhere, copy ``dest`` there and
     rerun the study's command with ``--out`` at the copy: the recorded runs count as finished. Returns
-    ``{"sweeps", "records", "written", "evidence"}``."""
+    ``{"sweeps", "records", "written", "evidence", "held"}`` (``held``: finished runs of an unfinished calibrate arm,
+    left behind to train again with their arm)."""
     src, dest = Path(src), Path(dest)
     roots = sweep_roots(src) if src.is_dir() else []
     if not roots:
@@ -243,6 +244,7 @@ def pack(src: str | Path, dest: str | Path) -> dict:
     if dest.resolve() == src.resolve() or src.resolve() in dest.resolve().parents:
         raise PlelabError(f"{dest} is inside {src}: pack into a folder outside the sweep")
     written = evidence = 0
+    held: list[Path] = []
     for root in roots:
         spec = load_spec(root)
         for job in jobs_of(root, spec):
@@ -250,5 +252,7 @@ def pack(src: str | Path, dest: str | Path) -> dict:
                 record_finished(job)
                 written += 1
         if spec.kind in CARRY_MODULES:
-            evidence += importlib.import_module(CARRY_MODULES[spec.kind]).carry(root)
-    return {"sweeps": len(roots), "records": copy_records(src, dest), "written": written, "evidence": evidence}
+            n, left = importlib.import_module(CARRY_MODULES[spec.kind]).carry(root)
+            evidence, held = evidence + n, held + left
+    return {"sweeps": len(roots), "records": copy_records(src, dest, skip=held), "written": written,
+            "evidence": evidence, "held": sum(p.is_file() for p in held)}

@@ -21,7 +21,8 @@ as the run finishes; :func:`pack` writes the missing ones of a sweep (or of ever
 A sweep folder holding a run's record counts that run as finished (the runner never redoes it) and reads its
 results from the record when its folder is gone. What a record cannot carry is the table itself: the cross-seed
 structure test compares the seeds' tables, so it is read only on runs whose checkpoints are present (a calibrate
-regime's finished arms carry what their calls need from the tables as ``evidence/``: :mod:`plelab.calibration.evidence`).
+regime's finished arms carry what their calls need from the tables as ``evidence/``:
+:mod:`plelab.calibration.evidence`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -160,17 +162,19 @@ def sweep_roots(folder: Path) -> list[Path]:
 CARRIED = ("records/*/*" + SUFFIX, "evidence/*.json")  # what a pack copies besides sweep.json
 
 
-def copy_records(src: Path, dest: Path) -> int:
+def copy_records(src: Path, dest: Path, skip: Sequence[Path] = ()) -> int:
     """Copy every sweep's ``sweep.json``, ``records/`` and ``evidence/`` (a calibrate regime's finished arms) under
-    ``src`` to the same place under ``dest``; the number of records copied."""
+    ``src`` to the same place under ``dest``, except the records in ``skip``; the number of records copied."""
     src, dest = Path(src), Path(dest)
-    count = 0
+    count, skipped = 0, {Path(p).resolve() for p in skip}
     for root in sweep_roots(src):
         target = dest / root.relative_to(src)
         target.mkdir(parents=True, exist_ok=True)
         atomic_write(target / "sweep.json", lambda p, s=root / "sweep.json": shutil.copyfile(s, p))
         for pattern in CARRIED:
             for rec in sorted(root.glob(pattern)):
+                if rec.resolve() in skipped:
+                    continue
                 out = target / rec.relative_to(root)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write(out, lambda p, s=rec: shutil.copyfile(s, p))
