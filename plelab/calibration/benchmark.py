@@ -138,6 +138,12 @@ def arms(dims: list[int], kinds: list[str] = ()) -> list[Arm]:
     return out
 
 
+def decision_steps(steps: int) -> list[int]:
+    """The ``DECISIONS`` decision points of a ``steps``-step run (its checkpoints, one every eighth)."""
+    every = steps // DECISIONS
+    return [every * k for k in range(1, DECISIONS + 1)]
+
+
 def regime_overrides(steps: int, batch_size: int, seq_len: int) -> list[str]:
     """The recipe every calibration run shares (:data:`COMMON`) with a checkpoint and use test at each of the
     ``DECISIONS`` decision points of a ``steps``-step run."""

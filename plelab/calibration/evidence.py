@@ -8,7 +8,6 @@ finished, the numbers its calls need from the weights are computed once and writ
 
     REGIME/evidence/{arm}.json
     {"format": "plelab-arm-evidence", "version": 1, "arm": name, "seeds": [...], "steps": [...],
-     "runs": {seed: the run's final validation loss (what the evidence was computed from)},
      "structure": {step: [[seed_a, seed_b, z, {stratum: z}], ...]},   # LEARNED: cyclic seed pairs
      "ablation": {seed: [per-window loss change]}}                      # USED's truth ({} where it is by construction)
 
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from plelab.calibration.benchmark import decision_steps
 from plelab.calibration.truth import NOT_USED
 from plelab.data.tokens import disjoint_val_windows
 from plelab.diagnostics.agreement import cka_against_null
@@ -95,18 +95,11 @@ def truth_windows(cfg, data) -> torch.Tensor:
                                 avoid=cfg.train.eval_batches * cfg.train.batch_size)
 
 
-def final_val(job: RunJob) -> float | None:
-    try:
-        return float(json.loads((job.path / "summary.json").read_text())["final_val_loss"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def compute(jobs: list[RunJob], steps: list[int], data, windows: torch.Tensor) -> dict:
     """The evidence of one arm (``jobs``: its runs, finished, with their checkpoints)."""
     family = jobs[0].arm.family
     return {"format": FORMAT, "version": VERSION, "arm": jobs[0].arm.name, "seeds": [j.seed for j in jobs],
-            "steps": list(steps), "runs": {str(j.seed): final_val(j) for j in jobs},
+            "steps": list(steps),
             "structure": {str(s): structure(jobs, s, data) for s in steps},
             "ablation": {} if family in NOT_USED else
             {str(j.seed): ablation(j, steps[-1], data, windows).tolist() for j in jobs}}
@@ -131,33 +124,36 @@ def read(regime: Path, arm: str, seeds: list[int], steps: list[int]) -> dict | N
     return body
 
 
-def decision_steps(spec, decisions: int) -> list[int]:
-    every = spec.steps // decisions
-    return [every * k for k in range(1, decisions + 1)]
-
-
-def write_evidence(regime: str | Path, decisions: int = 8, log=lambda *a, **k: None) -> int:
-    """Write the evidence of every called arm of ``regime`` whose runs have all finished with their folders and that
-    has none yet; the number written. Arms still training (or held only as records without evidence) are left."""
-    regime = Path(regime)
+def _arms(regime: Path) -> dict[str, list[RunJob]]:
+    """The runs of the calibrate regime ``regime`` by arm, for the called arms only (BENEFIT's references need no
+    evidence: their metrics are in the records)."""
     spec = load_spec(regime)
     if spec is None or spec.kind != "calibrate":
         raise PlelabError(f"{regime} is not a plelab calibrate regime (no sweep.json of kind 'calibrate')")
-    steps = decision_steps(spec, decisions)
     by_arm: dict[str, list[RunJob]] = {}
     for job in jobs_of(regime, spec):
-        by_arm.setdefault(job.arm.name, []).append(job)
-    todo = [jobs for jobs in by_arm.values() if jobs[0].arm.family not in UNCALLED
-            and all(folder_done(j) for j in jobs) and not evidence_path(regime, jobs[0].arm.name).is_file()]
+        if job.arm.family not in UNCALLED:
+            by_arm.setdefault(job.arm.name, []).append(job)
+    return by_arm
+
+
+def write_evidence(regime: str | Path, arms: dict[str, list[RunJob]] | None = None) -> int:
+    """Write the evidence of every called arm of ``regime`` (``arms``: :func:`_arms`, read when not given) whose
+    runs have all finished with their folders and that has none yet; the number written. Arms still training (or
+    held only as records without evidence) are left."""
+    regime = Path(regime)
+    arms = _arms(regime) if arms is None else arms
+    todo = [jobs for name, jobs in arms.items()
+            if all(folder_done(j) for j in jobs) and not evidence_path(regime, name).is_file()]
     if not todo:
         return 0
-    data = prepare_data(todo[0][0].cfg, progress=False)
-    windows = truth_windows(todo[0][0].cfg, data)
+    cfg = todo[0][0].cfg
+    data = prepare_data(cfg, progress=False)
+    windows = truth_windows(cfg, data)
     for jobs in todo:
-        body = compute(jobs, steps, data, windows)
+        body = compute(jobs, decision_steps(cfg.train.steps), data, windows)
         atomic_write(evidence_path(regime, jobs[0].arm.name),
                      lambda p, b=body: p.write_text(json.dumps(json_safe(b), separators=(",", ":"))))
-        log(f"  evidence {regime.name}/{jobs[0].arm.name}: {len(jobs)} seeds × {len(steps)} decision points")
     return len(todo)
 
 
@@ -166,12 +162,12 @@ def carry(regime: Path) -> tuple[int, list[Path]]:
     evidence of every finished arm, and name the records *not* to carry — those of a called arm that has no
     evidence (some seed unfinished): carried, its finished seeds would count as done elsewhere while their weights,
     which the arm's evidence needs, stay behind; left, they train again with the rest of the arm."""
-    written = write_evidence(regime)
-    spec = load_spec(regime)
-    held = [record_path(j.path) for j in jobs_of(regime, spec)
-            if j.arm.family not in UNCALLED and not evidence_path(regime, j.arm.name).is_file()]
+    arms = _arms(regime)
+    written = write_evidence(regime, arms)
+    held = [record_path(j.path) for name, jobs in arms.items() if not evidence_path(regime, name).is_file()
+            for j in jobs]
     return written, held
 
 
-__all__ = ["FOLDER", "FORMAT", "VERSION", "carry", "compute", "decision_steps", "evidence_path", "read",
-           "truth_windows", "write_evidence"]
+__all__ = ["FOLDER", "FORMAT", "UNCALLED", "VERSION", "carry", "compute", "evidence_path", "read", "truth_windows",
+           "write_evidence"]

@@ -31,7 +31,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from plelab.calibration import evidence
-from plelab.calibration.benchmark import DECISIONS, LEARNED_BY_CLASS, mechanism_of
+from plelab.calibration.benchmark import LEARNED_BY_CLASS, decision_steps, mechanism_of
 from plelab.calibration.truth import NO_BENEFIT, NOT_USED, REFERENCES, WEAK, benefit_truth, used_truth
 from plelab.diagnostics.verdict import use_z
 from plelab.errors import PlelabError
@@ -80,19 +80,16 @@ class _Run:
     final: float
 
 
-def _sources(job: RunJob) -> tuple[list[dict], dict[int, dict | None]]:
-    """The run's metrics rows and ``{step: diagnostics.json}`` of its checkpoints: from its folder, else from its
-    record (:mod:`plelab.sweeps.records`; a calibrate run's record keeps every decision point's use test)."""
-    if folder_done(job):
-        rows = read_jsonl(job.path / "metrics.jsonl")
-        return rows, {}
-    record = read_record(job.path) or {}
-    diags = {int(step): c.get("diagnostics") for step, c in (record.get("checkpoints") or {}).items()}
-    return record.get("metrics") or [], diags
-
-
 def _read_run(job: RunJob, steps: list[int]) -> _Run:
-    rows, recorded = _sources(job)
+    """The run from its folder, else from its record (:mod:`plelab.sweeps.records`; a calibrate run's record keeps
+    every decision point's use test)."""
+    in_folder = folder_done(job)
+    if in_folder:
+        rows, recorded = read_jsonl(job.path / "metrics.jsonl"), {}
+    else:
+        record = read_record(job.path) or {}
+        rows = record.get("metrics") or []
+        recorded = {int(step): c.get("diagnostics") for step, c in (record.get("checkpoints") or {}).items()}
     history = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
     val = dict(history)
     missing = [s for s in steps if s not in val]
@@ -104,7 +101,7 @@ def _read_run(job: RunJob, steps: list[int]) -> _Run:
     if job.cfg.ple.table == "zero" or (job.cfg.ple.dim == 0 and not job.cfg.aux.extra):
         return _Run(job, use, val, history, final)
     for step in steps:
-        if folder_done(job):
+        if in_folder:
             path = checkpoint_path(job.path, step) / "diagnostics.json"
             try:
                 diag = json.loads(path.read_text())
@@ -156,7 +153,7 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
         raise PlelabError(f"{folder}: {len(unfinished)} runs are not finished (e.g. {unfinished[0]}); rerun plelab "
                           "calibrate with the same --out to finish them")
     scale, _, corpus = folder.name.partition("-")
-    steps = evidence.decision_steps(spec, DECISIONS)
+    steps = decision_steps(spec.steps)
     data = prepare_data(jobs[0].cfg, progress=False)
     by_arm: dict[str, list[_Run]] = {}
     for job in jobs:
@@ -172,7 +169,7 @@ def regime_calls(folder: Path, progress: bool = False) -> list[Call]:
     bar = tqdm(total=len(by_arm) * len(steps), desc=f"calls {folder.name}", disable=not progress, leave=False)
     for arm_name, runs in by_arm.items():
         arm = runs[0].job.arm
-        if arm.family in ("zero", "none"):
+        if arm.family in evidence.UNCALLED:
             bar.update(len(steps))
             continue
         d, mechanism = int(arm.x), mechanism_of(arm)

@@ -81,7 +81,8 @@ def check_start(cfg: RunConfig, out_dir: str | Path | None, resume: bool) -> Non
         return
     run = Path(out_dir)
     check_new_run(run, resume)
-    if launch_rank() == 0 and (run / RUN_LOCK).exists():  # FolderBusy names the holder; a stale file of a dead one is taken and let go
+    # FolderBusy names the holder; a stale file of a dead one is taken and let go
+    if launch_rank() == 0 and (run / RUN_LOCK).exists():
         try:
             lock = FolderLock.acquire(run)
         except OSError:

@@ -38,6 +38,7 @@ from plelab.runtime import available_cores
 from plelab.sweeps.records import read_record
 from plelab.training.checkpoint import list_checkpoints
 from plelab.training.optim import build_optimizer
+from plelab.training.rows import iid_slots
 from plelab.training.task import task_kind
 
 # Model FLOP/s one CPU thread sustains on the CPU-scale presets: the median 1-thread worker of the visual studies'
@@ -63,12 +64,11 @@ def probe_table_ids(cfg: RunConfig, ids: torch.Tensor, gen: torch.Generator) -> 
     """Rows for the ``iid`` control of PLE (``ple.ids``) or of another kind (``aux.ids``), drawn uniformly apart
     from the tokens (the same lookups, so the same FLOPs; the run draws them by frequency): ``[B,T]``, or
     ``[B,T,S]`` buckets for the n-gram table; None for a table keyed by its real ids."""
-    ac = cfg.aux
-    if not (ac.ids == "iid" if ac.extra else cfg.ple.enabled and cfg.ple.ids == "iid"):
+    slots = iid_slots(cfg)
+    if slots is None:
         return None
-    view = table_view(cfg.model, cfg.ple, ac)
-    slots = len(ac.orders) * ac.heads if ac.extra and ac.kind == "ngram" else 1
-    return torch.randint(0, view.rows, (*ids.shape, slots) if slots > 1 else ids.shape, generator=gen)
+    rows = table_view(cfg.model, cfg.ple, cfg.aux).rows
+    return torch.randint(0, rows, (*ids.shape, slots) if slots > 1 else ids.shape, generator=gen)
 
 
 def probe_rate(cfg: RunConfig, threads: int, steps: int = PROBE_STEPS) -> float:

@@ -72,11 +72,19 @@ def _aux_row_counts(cfg: RunConfig, data: TokenData, chunk: int = 1 << 20) -> np
     return counts.numpy()
 
 
-def null_ids(cfg: RunConfig, data: TokenData, device: torch.device | str = "cpu") -> IIDTableIds | None:
-    """The null control's draws (``ple.ids=iid`` / ``aux.ids=iid``) from the real rows' frequencies on the training
-    split; None for a run keyed by its real ids."""
+def iid_slots(cfg: RunConfig) -> int | None:
+    """Rows each position looks up under the null control (``ple.ids=iid`` / ``aux.ids=iid``): the n-gram table's
+    orders × heads, else 1; None for a run keyed by its real ids."""
     aux = cfg.aux.extra
     if not (cfg.aux.ids == "iid" if aux else cfg.ple.enabled and cfg.ple.ids == "iid"):
         return None
-    slots = len(cfg.aux.orders) * cfg.aux.heads if aux and cfg.aux.kind == "ngram" else 1
+    return len(cfg.aux.orders) * cfg.aux.heads if aux and cfg.aux.kind == "ngram" else 1
+
+
+def null_ids(cfg: RunConfig, data: TokenData, device: torch.device | str = "cpu") -> IIDTableIds | None:
+    """The null control's draws (``ple.ids=iid`` / ``aux.ids=iid``) from the real rows' frequencies on the training
+    split; None for a run keyed by its real ids."""
+    slots = iid_slots(cfg)
+    if slots is None:
+        return None
     return IIDTableIds(torch.from_numpy(row_counts(cfg, data)).to(device), slots)
